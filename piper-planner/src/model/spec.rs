@@ -1,0 +1,282 @@
+//! `ModelSpec`: the architecture facts the resource model needs, for dense and MoE decoder-only
+//! transformers (Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3 with MLA and MTP, OLMoE, gpt-oss, DBRX, Llama 4).
+//!
+//! Vocabulary: `d` = hidden size, `f` = FFN width of one expert (or of the dense MLP), `E` = routed experts
+//! per MoE layer, `k` = experts per token (top-k), `L` = decoder layers.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Self-attention variant of every decoder layer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Attention {
+    /// Multi-head (`num_kv_heads == num_heads`) or grouped-query attention.
+    Gqa {
+        num_heads: u64,
+        num_kv_heads: u64,
+        head_dim: u64,
+        /// Bias on the q, k and v projections (Qwen2-MoE, gpt-oss).
+        #[serde(default)]
+        qkv_bias: bool,
+        /// Bias on the output projection (gpt-oss).
+        #[serde(default)]
+        o_bias: bool,
+        /// Learned RMSNorm weights on queries and keys.
+        #[serde(default)]
+        qk_norm: QkNorm,
+        /// One learned attention-sink logit per head (gpt-oss).
+        #[serde(default)]
+        sinks: bool,
+    },
+    /// DeepSeek multi-head latent attention (low-rank q and kv with a decoupled rotary part).
+    Mla {
+        num_heads: u64,
+        /// `None`: queries are projected directly from the hidden state (DeepSeek-V2-Lite).
+        q_lora_rank: Option<u64>,
+        kv_lora_rank: u64,
+        qk_nope_head_dim: u64,
+        qk_rope_head_dim: u64,
+        v_head_dim: u64,
+    },
+}
+
+/// Where learned query/key norms sit, if any.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QkNorm {
+    #[default]
+    None,
+    /// One weight vector of `head_dim` for q and one for k, shared by all heads (Qwen3).
+    PerHead,
+    /// Weights over the whole q projection and the whole k projection (OLMoE).
+    PerProjection,
+}
+
+/// A feed-forward block: gated (SwiGLU-style, 3 matrices) or plain (2 matrices).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Mlp {
+    /// Inner width `f`.
+    pub intermediate_size: u64,
+    /// Gated linear unit: up, gate and down matrices (3·d·f); otherwise up and down (2·d·f).
+    pub gated: bool,
+    /// Biases on the projections (gpt-oss experts).
+    #[serde(default)]
+    pub bias: bool,
+}
+
+impl Mlp {
+    /// Number of `d × f` weight matrices.
+    pub fn matrices(&self) -> u64 {
+        if self.gated { 3 } else { 2 }
+    }
+}
+
+/// How the router scores experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScoreFunction {
+    Softmax,
+    Sigmoid,
+}
+
+/// The mixture-of-experts block of an MoE layer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Moe {
+    /// Routed experts per layer, `E`.
+    pub num_experts: u64,
+    /// Routed experts per token, `k`.
+    pub top_k: u64,
+    /// One routed expert.
+    pub expert: Mlp,
+    /// Shared experts applied to every token.
+    #[serde(default)]
+    pub num_shared_experts: u64,
+    /// Width of one shared expert (`None`: same as a routed expert).
+    #[serde(default)]
+    pub shared_expert_intermediate_size: Option<u64>,
+    /// A `d → 1` sigmoid gate on the shared-expert output (Qwen2-MoE).
+    #[serde(default)]
+    pub shared_expert_gate: bool,
+    /// Bias on the router logits (gpt-oss) or per-expert score-correction bias (DeepSeek-V3).
+    #[serde(default)]
+    pub router_bias: bool,
+    pub score_function: ScoreFunction,
+    /// Renormalise the top-k weights to sum to one.
+    #[serde(default)]
+    pub norm_topk_prob: bool,
+    /// Group-limited routing: experts in `n_group` groups, tokens may use `topk_group` of them.
+    #[serde(default)]
+    pub n_group: Option<u64>,
+    #[serde(default)]
+    pub topk_group: Option<u64>,
+    /// Multiplier on the routed output (DeepSeek).
+    #[serde(default)]
+    pub routed_scaling_factor: Option<f64>,
+}
+
+impl Moe {
+    /// The shared-expert MLP (same activation as the routed ones).
+    pub fn shared_expert(&self) -> Mlp {
+        Mlp {
+            intermediate_size: self.shared_expert_intermediate_size.unwrap_or(self.expert.intermediate_size),
+            gated: self.expert.gated,
+            bias: false,
+        }
+    }
+}
+
+/// Normalisation layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Norm {
+    RmsNorm,
+    /// LayerNorm; `bias: false` as in DBRX.
+    LayerNorm { bias: bool },
+}
+
+impl Norm {
+    /// Parameters of one norm over `d` features.
+    pub fn params(&self, d: u64) -> u64 {
+        match self {
+            Norm::RmsNorm | Norm::LayerNorm { bias: false } => d,
+            Norm::LayerNorm { bias: true } => 2 * d,
+        }
+    }
+}
+
+/// The MLP kind of one decoder layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerKind {
+    Dense,
+    Moe,
+}
+
+/// An MoE (or dense) decoder-only transformer, as far as parameters, FLOPs and memory go.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelSpec {
+    pub name: String,
+    /// Hugging Face `model_type` it was read from, or `piper` for native presets.
+    pub model_type: String,
+    /// `d`.
+    pub hidden_size: u64,
+    /// `L`: decoder layers, not counting multi-token-prediction modules.
+    pub num_layers: u64,
+    pub vocab_size: u64,
+    /// Input embedding and LM head share one matrix.
+    pub tie_embeddings: bool,
+    pub attention: Attention,
+    pub norm: Norm,
+    /// MLP of dense layers (`None` if every layer is MoE).
+    pub dense_mlp: Option<Mlp>,
+    /// MoE block of MoE layers (`None` for a dense model).
+    pub moe: Option<Moe>,
+    /// Kind of each of the `L` layers.
+    pub layers: Vec<LayerKind>,
+    /// DeepSeek-V3 multi-token-prediction depth (extra modules after the last layer).
+    #[serde(default)]
+    pub mtp_depth: u64,
+}
+
+impl ModelSpec {
+    /// Builds the per-layer pattern: the first `first_k_dense` layers dense, then layer `i` is MoE when
+    /// `(i - offset) % every == 0`, and any layer in `force_dense` is dense.
+    pub fn layer_pattern(num_layers: u64, first_k_dense: u64, every: u64, offset: u64, force_dense: &[u64]) -> Vec<LayerKind> {
+        (0..num_layers)
+            .map(|i| {
+                let moe = i >= first_k_dense && i >= offset && (i - offset) % every.max(1) == 0 && !force_dense.contains(&i);
+                if moe { LayerKind::Moe } else { LayerKind::Dense }
+            })
+            .collect()
+    }
+
+    pub fn num_moe_layers(&self) -> u64 {
+        self.layers.iter().filter(|k| **k == LayerKind::Moe).count() as u64
+    }
+
+    pub fn num_dense_layers(&self) -> u64 {
+        self.num_layers - self.num_moe_layers()
+    }
+
+    /// Routed experts per MoE layer (0 for a dense model).
+    pub fn num_experts(&self) -> u64 {
+        self.moe.as_ref().map_or(0, |m| m.num_experts)
+    }
+
+    /// The kind of layer an MTP module uses: Megatron's convention, the same as the last decoder layer.
+    pub fn mtp_layer_kind(&self) -> LayerKind {
+        *self.layers.last().unwrap_or(&LayerKind::Dense)
+    }
+
+    /// Attention heads.
+    pub fn num_heads(&self) -> u64 {
+        match self.attention {
+            Attention::Gqa { num_heads, .. } | Attention::Mla { num_heads, .. } => num_heads,
+        }
+    }
+
+    /// Checks the spec for internal consistency; the error names the field and what would fix it.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &str, why: String| Err(Error::invalid(format!("model `{}`", self.name), field, why));
+        if self.hidden_size == 0 {
+            return bad("hidden_size", "must be > 0".into());
+        }
+        if self.num_layers == 0 {
+            return bad("num_hidden_layers", "must be > 0".into());
+        }
+        if self.vocab_size == 0 {
+            return bad("vocab_size", "must be > 0".into());
+        }
+        if self.layers.len() as u64 != self.num_layers {
+            return bad("layers", format!("has {} entries but the model has {} layers", self.layers.len(), self.num_layers));
+        }
+        match &self.attention {
+            Attention::Gqa { num_heads, num_kv_heads, head_dim, .. } => {
+                if *num_heads == 0 || *head_dim == 0 {
+                    return bad("num_attention_heads", "heads and head_dim must be > 0".into());
+                }
+                if *num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+                    return bad(
+                        "num_key_value_heads",
+                        format!("{num_kv_heads} must be > 0 and divide num_attention_heads = {num_heads}"),
+                    );
+                }
+            }
+            Attention::Mla { num_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, .. } => {
+                if *num_heads == 0 || *kv_lora_rank == 0 || *qk_nope_head_dim + *qk_rope_head_dim == 0 || *v_head_dim == 0 {
+                    return bad("kv_lora_rank", "MLA heads, ranks and head dims must be > 0".into());
+                }
+            }
+        }
+        let has_dense = self.layers.contains(&LayerKind::Dense);
+        let has_moe = self.layers.contains(&LayerKind::Moe);
+        if has_dense && self.dense_mlp.as_ref().is_none_or(|m| m.intermediate_size == 0) {
+            return bad("intermediate_size", "dense layers need a dense MLP width > 0".into());
+        }
+        if has_moe {
+            let Some(moe) = &self.moe else {
+                return bad("num_experts", "MoE layers need an MoE block".into());
+            };
+            if moe.num_experts == 0 {
+                return bad("num_experts", "must be > 0".into());
+            }
+            if moe.top_k == 0 || moe.top_k > moe.num_experts {
+                return bad("num_experts_per_tok", format!("top-k = {} must be in 1..={}", moe.top_k, moe.num_experts));
+            }
+            if moe.expert.intermediate_size == 0 {
+                return bad("moe_intermediate_size", "expert width must be > 0".into());
+            }
+            if let (Some(groups), Some(topk_group)) = (moe.n_group, moe.topk_group) {
+                if groups == 0 || moe.num_experts % groups != 0 || topk_group == 0 || topk_group > groups {
+                    return bad(
+                        "n_group",
+                        format!("n_group = {groups} must divide {} experts and topk_group = {topk_group} must be in 1..=n_group", moe.num_experts),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
