@@ -8,5 +8,6 @@
 
 pub mod error;
 pub mod model;
+pub mod platform;
 
 pub use error::{Error, Result};

@@ -1,0 +1,252 @@
+//! `Platform`: what a machine offers — GPUs per node, memory, peak FLOP/s per dtype, measured GEMM and
+//! attention efficiency, and the network as levels (node, switch, group, system) with GPU→NIC affinity.
+//!
+//! Stored as TOML (serde). `piper-comm calibrate` writes the same format for the machine it runs on.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// One training platform.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Platform {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// GPUs (ranks) per node.
+    pub gpus_per_node: u64,
+    /// Memory of one GPU, GiB.
+    pub gpu_memory_gib: f64,
+    /// Memory a rank loses to the framework, runtime, communication buffers and workspace, GiB.
+    pub framework_overhead_gib: f64,
+    /// GPU memory bandwidth, GB/s (optimizer step).
+    pub memory_gbs: f64,
+    /// Attention-core efficiency (achieved / peak) by sequence length: `[[seq_len, efficiency], ...]`.
+    pub attention_efficiency: Vec<[f64; 2]>,
+    /// Dense matrix peak per GPU, TFLOP/s, by dtype (`bf16`, `fp16`, `fp32`, ...).
+    pub peak_tflops: BTreeMap<String, f64>,
+    /// Measured GEMM efficiency tables, one per weight shape.
+    pub gemm_efficiency: Vec<GemmTable>,
+    pub topology: Topology,
+}
+
+/// GEMM efficiency for `[m × k] · [k × n]` as a function of `m` (tokens, e.g. tokens per expert).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmTable {
+    pub n: u64,
+    pub k: u64,
+    /// `[[m, efficiency], ...]`, increasing `m`.
+    pub points: Vec<[f64; 2]>,
+}
+
+/// A network level's cost: per-node bandwidth and a per-message cost.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Link {
+    /// Bandwidth one node can sustain to peers at this level (all its NICs), GB/s per direction.
+    pub node_gbs: f64,
+    /// Cost of one message at the sender (software + wire latency), µs.
+    pub latency_us: f64,
+}
+
+/// Ranks → nodes → switches → groups (racks / dragonfly groups) → system.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    /// Bandwidth between GPU pairs inside a node, GB/s per direction (`gpus_per_node²`; the diagonal is
+    /// ignored). Absent: `intra_node_default_gbs` for every pair.
+    #[serde(default)]
+    pub intra_node_gbs: Option<Vec<Vec<f64>>>,
+    pub intra_node_default_gbs: f64,
+    /// Per-message cost inside a node, µs.
+    pub intra_node_latency_us: f64,
+    pub nics_per_node: u64,
+    /// One NIC's bandwidth, GB/s per direction.
+    pub nic_gbs: f64,
+    /// NIC index each GPU of a node uses (its affine NIC).
+    pub gpu_to_nic: Vec<u64>,
+    /// Nodes on one switch: the fast single-hop locality domain.
+    pub nodes_per_switch: u64,
+    /// Switches per group (rack or dragonfly group).
+    pub switches_per_group: u64,
+    /// Between nodes on one switch.
+    pub switch: Link,
+    /// Between switches of one group.
+    pub group: Link,
+    /// Between groups.
+    pub system: Link,
+    /// Message size at which a network link reaches half its bandwidth (bytes): achieved bandwidth is
+    /// `bw · size / (size + half_bandwidth_bytes)`.
+    pub half_bandwidth_bytes: f64,
+}
+
+/// Where two ranks' traffic travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Level {
+    /// Same GPU.
+    SelfRank,
+    /// Same node, GPU to GPU.
+    Node,
+    /// Same switch, node to node.
+    Switch,
+    /// Same group, across switches.
+    Group,
+    /// Across groups.
+    System,
+}
+
+impl Platform {
+    /// Peak TFLOP/s per GPU for a dtype; the error lists what the platform has.
+    pub fn peak_flops(&self, dtype: &str) -> Result<f64> {
+        self.peak_tflops.get(dtype).map(|t| t * 1e12).ok_or_else(|| {
+            let known: Vec<&str> = self.peak_tflops.keys().map(String::as_str).collect();
+            Error::invalid(
+                format!("platform `{}`", self.name),
+                format!("peak_tflops.{dtype}"),
+                format!("is not given; the platform has {}; add `{dtype} = <TFLOP/s>` under [peak_tflops] or pick another --dtype", known.join(", ")),
+            )
+        })
+    }
+
+    pub fn gpu_memory_bytes(&self) -> f64 {
+        self.gpu_memory_gib * GIB
+    }
+
+    pub fn overhead_bytes(&self) -> f64 {
+        self.framework_overhead_gib * GIB
+    }
+
+    /// Node holding global rank `rank` (ranks fill nodes in order).
+    pub fn node_of(&self, rank: u64) -> u64 {
+        rank / self.gpus_per_node
+    }
+
+    /// Level crossed between two global ranks.
+    pub fn level(&self, a: u64, b: u64) -> Level {
+        if a == b {
+            return Level::SelfRank;
+        }
+        let (na, nb) = (self.node_of(a), self.node_of(b));
+        let t = &self.topology;
+        if na == nb {
+            Level::Node
+        } else if na / t.nodes_per_switch == nb / t.nodes_per_switch {
+            Level::Switch
+        } else if na / (t.nodes_per_switch * t.switches_per_group) == nb / (t.nodes_per_switch * t.switches_per_group) {
+            Level::Group
+        } else {
+            Level::System
+        }
+    }
+
+    /// GB/s between two GPUs of one node, by local index.
+    pub fn intra_gbs(&self, local_a: u64, local_b: u64) -> f64 {
+        let t = &self.topology;
+        t.intra_node_gbs
+            .as_ref()
+            .map_or(t.intra_node_default_gbs, |m| m[local_a as usize][local_b as usize])
+    }
+
+    /// The network link of a level above the node.
+    pub fn link(&self, level: Level) -> Link {
+        let t = &self.topology;
+        match level {
+            Level::SelfRank | Level::Node => Link { node_gbs: t.intra_node_default_gbs, latency_us: t.intra_node_latency_us },
+            Level::Switch => t.switch,
+            Level::Group => t.group,
+            Level::System => t.system,
+        }
+    }
+
+    /// Bandwidth a node injects into the network through all its NICs, GB/s.
+    pub fn injection_gbs(&self) -> f64 {
+        self.topology.nics_per_node as f64 * self.topology.nic_gbs
+    }
+
+    /// Fraction of link bandwidth a message of `bytes` achieves.
+    pub fn message_efficiency(&self, bytes: f64) -> f64 {
+        if bytes <= 0.0 { 1.0 } else { bytes / (bytes + self.topology.half_bandwidth_bytes) }
+    }
+
+    /// Nodes in the fast local domain (one switch).
+    pub fn nodes_per_switch(&self) -> u64 {
+        self.topology.nodes_per_switch
+    }
+
+    /// Checks every field; errors name the field and the fix.
+    pub fn validate(&self) -> Result<()> {
+        let src = format!("platform `{}`", self.name);
+        let bad = |field: &str, why: &str| Err(Error::invalid(src.clone(), field, why));
+        let positive = [
+            ("gpu_memory_gib", self.gpu_memory_gib),
+            ("memory_gbs", self.memory_gbs),
+            ("topology.intra_node_default_gbs", self.topology.intra_node_default_gbs),
+            ("topology.nic_gbs", self.topology.nic_gbs),
+            ("topology.switch.node_gbs", self.topology.switch.node_gbs),
+            ("topology.group.node_gbs", self.topology.group.node_gbs),
+            ("topology.system.node_gbs", self.topology.system.node_gbs),
+        ];
+        for (field, v) in positive {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(field, "must be a positive number");
+            }
+        }
+        if self.framework_overhead_gib < 0.0 || self.framework_overhead_gib >= self.gpu_memory_gib {
+            return bad("framework_overhead_gib", "must be ≥ 0 and below gpu_memory_gib");
+        }
+        if self.gpus_per_node == 0 {
+            return bad("gpus_per_node", "must be > 0");
+        }
+        if self.peak_tflops.is_empty() || self.peak_tflops.values().any(|v| !(v.is_finite() && *v > 0.0)) {
+            return bad("peak_tflops", "needs at least one dtype with a positive TFLOP/s value");
+        }
+        let t = &self.topology;
+        if t.nics_per_node == 0 || t.nodes_per_switch == 0 || t.switches_per_group == 0 {
+            return bad("topology", "nics_per_node, nodes_per_switch and switches_per_group must be > 0");
+        }
+        if t.gpu_to_nic.len() as u64 != self.gpus_per_node || t.gpu_to_nic.iter().any(|n| *n >= t.nics_per_node) {
+            return bad("topology.gpu_to_nic", "needs one NIC index < nics_per_node for each of the gpus_per_node GPUs");
+        }
+        if let Some(m) = &t.intra_node_gbs {
+            let g = self.gpus_per_node as usize;
+            if m.len() != g || m.iter().any(|row| row.len() != g) {
+                return bad("topology.intra_node_gbs", "must be a gpus_per_node × gpus_per_node matrix");
+            }
+            if m.iter().enumerate().any(|(i, row)| row.iter().enumerate().any(|(j, v)| i != j && !(v.is_finite() && *v > 0.0))) {
+                return bad("topology.intra_node_gbs", "off-diagonal entries must be positive GB/s");
+            }
+        }
+        if !(t.half_bandwidth_bytes >= 0.0) || t.intra_node_latency_us < 0.0 {
+            return bad("topology.half_bandwidth_bytes", "latencies and half_bandwidth_bytes must be ≥ 0");
+        }
+        if self.gemm_efficiency.is_empty() {
+            return bad("gemm_efficiency", "needs at least one measured table");
+        }
+        for (i, table) in self.gemm_efficiency.iter().enumerate() {
+            check_curve(&src, &format!("gemm_efficiency[{i}].points"), &table.points)?;
+            if table.n == 0 || table.k == 0 {
+                return bad(&format!("gemm_efficiency[{i}]"), "n and k must be > 0");
+            }
+        }
+        check_curve(&src, "attention_efficiency", &self.attention_efficiency)
+    }
+}
+
+/// A curve of `[x, efficiency]` points: non-empty, `x` increasing and positive, efficiency in (0, 1].
+fn check_curve(src: &str, field: &str, points: &[[f64; 2]]) -> Result<()> {
+    let ok = !points.is_empty()
+        && points.iter().all(|[x, e]| *x > 0.0 && *e > 0.0 && *e <= 1.0)
+        && points.windows(2).all(|w| w[0][0] < w[1][0]);
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(src, field, "must list [x, efficiency] points with x > 0 increasing and 0 < efficiency ≤ 1"))
+    }
+}
+
+pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
