@@ -11,3 +11,8 @@ pub mod model;
 pub mod platform;
 
 pub use error::{Error, Result};
+pub mod comm;
+pub mod layout;
+pub mod memory;
+pub mod schedule;
+pub mod time;

@@ -1,0 +1,261 @@
+//! Communication cost model: expert all-to-all (flat and HALO), pipeline p2p and data-parallel ring
+//! all-reduce, on a platform's topology levels.
+//!
+//! Link model: a message of `b` bytes costs its sender `α` (the level's per-message latency) and moves at
+//! `bw · b / (b + n½)` (n½ = the platform's half-bandwidth message size). Concurrent messages of a node
+//! share its NICs; traffic leaving a switch or a group is also bounded by that level's per-node bandwidth.
+//!
+//! - **flat** (MPI_Alltoallv / RCCL): every rank sends one message of `B` bytes to each peer.
+//! - **HALO**: phase I, the intra-node exchange, runs concurrently with phase II, one packed message per
+//!   (rank, remote node) of `c·B` bytes (c = group members on the destination node) sent through the
+//!   rank's affine NIC, and phase III, the intra-node redistribution of what phase II brought; phase III
+//!   of each remote node's data starts as soon as it arrives, so II and III overlap except for one chunk.
+
+use serde::{Deserialize, Serialize};
+
+use crate::platform::{Level, Platform};
+
+/// All-to-all algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum A2aAlgo {
+    Flat,
+    Halo,
+}
+
+impl A2aAlgo {
+    pub fn name(&self) -> &'static str {
+        match self {
+            A2aAlgo::Flat => "flat",
+            A2aAlgo::Halo => "halo",
+        }
+    }
+}
+
+/// How a group of consecutive ranks sits on the machine, seen from its most loaded node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupShape {
+    /// Group members per node, for each node the group touches.
+    nodes: Vec<NodeView>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct NodeView {
+    /// Local indices (0..gpus_per_node) of the members on this node.
+    locals: Vec<u64>,
+    /// Remote group members and remote group nodes by level: [switch, group, system].
+    remote_ranks: [u64; 3],
+    remote_nodes: [u64; 3],
+    /// Fraction of the node's NICs the members' affine NICs cover.
+    nic_fraction: f64,
+}
+
+const NET_LEVELS: [Level; 3] = [Level::Switch, Level::Group, Level::System];
+
+fn level_index(level: Level) -> usize {
+    match level {
+        Level::Switch => 0,
+        Level::Group => 1,
+        _ => 2,
+    }
+}
+
+impl GroupShape {
+    /// Ranks `first, first + stride, …` (`size` of them).
+    pub fn new(platform: &Platform, first: u64, size: u64, stride: u64) -> Self {
+        let g = platform.gpus_per_node;
+        let ranks: Vec<u64> = (0..size).map(|i| first + i * stride).collect();
+        let mut node_ids: Vec<u64> = ranks.iter().map(|r| r / g).collect();
+        node_ids.dedup();
+        let nodes = node_ids
+            .iter()
+            .map(|&n| {
+                let locals: Vec<u64> = ranks.iter().filter(|r| *r / g == n).map(|r| r % g).collect();
+                let mut remote_ranks = [0; 3];
+                let mut remote_nodes = [0; 3];
+                for &m in node_ids.iter().filter(|m| **m != n) {
+                    let li = level_index(platform.level(n * g, m * g));
+                    remote_nodes[li] += 1;
+                    remote_ranks[li] += ranks.iter().filter(|r| *r / g == m).count() as u64;
+                }
+                let mut nics: Vec<u64> = locals.iter().map(|l| platform.topology.gpu_to_nic[*l as usize]).collect();
+                nics.sort_unstable();
+                nics.dedup();
+                NodeView { locals, remote_ranks, remote_nodes, nic_fraction: nics.len() as f64 / platform.topology.nics_per_node as f64 }
+            })
+            .collect();
+        GroupShape { nodes }
+    }
+
+    /// Nodes the group spans.
+    pub fn num_nodes(&self) -> u64 {
+        self.nodes.len() as u64
+    }
+
+    /// Highest level the group crosses.
+    pub fn top_level(&self) -> Level {
+        let top = self.nodes.iter().flat_map(|n| (0..3).filter(|&l| n.remote_nodes[l] > 0)).max();
+        top.map_or(Level::Node, |l| NET_LEVELS[l])
+    }
+}
+
+/// Time for the members of one node to exchange `bytes` with each other member (concurrently, one
+/// message per peer; the slowest GPU pair bounds it).
+fn intra_exchange_s(platform: &Platform, locals: &[u64], bytes: f64) -> f64 {
+    if locals.len() < 2 || bytes <= 0.0 {
+        return 0.0;
+    }
+    let mut slowest = f64::INFINITY;
+    for &a in locals {
+        for &b in locals.iter().filter(|b| **b != a) {
+            slowest = slowest.min(platform.intra_gbs(a, b));
+        }
+    }
+    (locals.len() - 1) as f64 * platform.topology.intra_node_latency_us * 1e-6 + bytes / (slowest * 1e9)
+}
+
+/// Time for a node to push its network traffic: `bytes_by_level` ([switch, group, system]) in messages
+/// of `msg_bytes`, through the fraction `nic_fraction` of its NICs.
+fn network_s(platform: &Platform, bytes_by_level: [f64; 3], msg_bytes: f64, nic_fraction: f64) -> f64 {
+    let eff = platform.message_efficiency(msg_bytes);
+    let inject = platform.injection_gbs().min(platform.topology.switch.node_gbs) * nic_fraction;
+    // Traffic at level ≥ ℓ is bounded by level ℓ's per-node bandwidth (the injection bounds it all).
+    let bounds = [inject, platform.topology.group.node_gbs.min(inject), platform.topology.system.node_gbs.min(inject)];
+    (0..3)
+        .map(|l| bytes_by_level[l..].iter().sum::<f64>() / (bounds[l] * 1e9 * eff))
+        .fold(0.0, f64::max)
+}
+
+/// Per-message sender cost of `count_by_level` messages.
+fn latency_s(platform: &Platform, count_by_level: [u64; 3]) -> f64 {
+    NET_LEVELS.iter().zip(count_by_level).map(|(l, n)| n as f64 * platform.link(*l).latency_us * 1e-6).sum()
+}
+
+/// Cost of one all-to-all where every member sends `bytes_per_peer` to every other member.
+pub fn all_to_all_s(platform: &Platform, shape: &GroupShape, bytes_per_peer: f64, algo: A2aAlgo) -> f64 {
+    if bytes_per_peer <= 0.0 {
+        return 0.0;
+    }
+    let b = bytes_per_peer;
+    shape
+        .nodes
+        .iter()
+        .map(|node| {
+            let c = node.locals.len() as f64;
+            let phase_1 = intra_exchange_s(platform, &node.locals, b);
+            let total_remote_nodes: u64 = node.remote_nodes.iter().sum();
+            if total_remote_nodes == 0 {
+                return phase_1;
+            }
+            let bytes: [f64; 3] = std::array::from_fn(|l| c * node.remote_ranks[l] as f64 * b);
+            match algo {
+                A2aAlgo::Flat => {
+                    let inter = latency_s(platform, node.remote_ranks) + network_s(platform, bytes, b, node.nic_fraction);
+                    phase_1.max(inter)
+                }
+                A2aAlgo::Halo => {
+                    let remote_ranks: u64 = node.remote_ranks.iter().sum();
+                    let packed = b * remote_ranks as f64 / total_remote_nodes as f64; // c_dest · B on average
+                    let phase_2 = latency_s(platform, node.remote_nodes) + network_s(platform, bytes, packed, node.nic_fraction);
+                    // Each member forwards to each local peer the B-sized pieces of every remote source it
+                    // relays for: remote_ranks / c sources per member.
+                    let phase_3 = intra_exchange_s(platform, &node.locals, b * remote_ranks as f64 / c);
+                    let chunk = phase_2.min(phase_3) / total_remote_nodes as f64;
+                    phase_1.max(phase_2.max(phase_3) + chunk)
+                }
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Point-to-point transfer of `bytes` between two ranks while every rank of the node does the same.
+pub fn p2p_s(platform: &Platform, from: u64, to: u64, bytes: f64) -> f64 {
+    let g = platform.gpus_per_node;
+    match platform.level(from, to) {
+        Level::SelfRank => 0.0,
+        Level::Node => platform.topology.intra_node_latency_us * 1e-6 + bytes / (platform.intra_gbs(from % g, to % g) * 1e9),
+        level => {
+            let link = platform.link(level);
+            let per_rank = link.node_gbs.min(platform.injection_gbs()) / g as f64;
+            link.latency_us * 1e-6 + bytes / (per_rank * 1e9 * platform.message_efficiency(bytes))
+        }
+    }
+}
+
+/// Ring all-reduce of `bytes` over a group: 2(n−1)/n · bytes over the ring's slowest link, plus
+/// 2(n−1) message latencies. Across nodes the ring(s) use the NICs the members' affinity gives them.
+pub fn all_reduce_s(platform: &Platform, shape: &GroupShape, members: u64, bytes: f64) -> f64 {
+    if members < 2 || bytes <= 0.0 {
+        return 0.0;
+    }
+    let n = members as f64;
+    let steps = 2.0 * (n - 1.0);
+    let level = shape.top_level();
+    let (gbs, alpha_us) = if level == Level::Node {
+        let node = &shape.nodes[0];
+        let ring = node.locals.iter().zip(node.locals.iter().cycle().skip(1)).map(|(a, b)| platform.intra_gbs(*a, *b));
+        (ring.fold(f64::INFINITY, f64::min), platform.topology.intra_node_latency_us)
+    } else {
+        let link = platform.link(level);
+        let frac = shape.nodes.iter().map(|n| n.nic_fraction).fold(1.0, f64::min);
+        (link.node_gbs.min(platform.injection_gbs()) * frac, link.latency_us)
+    };
+    steps / n * bytes / (gbs * 1e9) + steps * alpha_us * 1e-6
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::platform::preset;
+
+    #[test]
+    fn single_node_halo_equals_flat() {
+        let p = preset("frontier").unwrap();
+        let shape = GroupShape::new(&p, 0, 8, 1);
+        for b in [1e3, 1e6, 1e8] {
+            assert_eq!(all_to_all_s(&p, &shape, b, A2aAlgo::Flat), all_to_all_s(&p, &shape, b, A2aAlgo::Halo));
+        }
+        // 7 messages of 5 µs, then the slowest pair (50 GB/s).
+        assert!((all_to_all_s(&p, &shape, 1e8, A2aAlgo::Flat) - (7.0 * 5e-6 + 1e8 / 50e9)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn flat_inter_node_matches_the_bandwidth_bound() {
+        // 2 nodes × 8 ranks, big messages: each node sends 8·8·B bytes over 100 GB/s of NICs.
+        let p = preset("frontier").unwrap();
+        let shape = GroupShape::new(&p, 0, 16, 1);
+        let b = 64e6;
+        let t = all_to_all_s(&p, &shape, b, A2aAlgo::Flat);
+        let bound = 64.0 * b / 100e9;
+        let eff = b / (b + p.topology.half_bandwidth_bytes);
+        assert!((t - (8.0 * 10e-6 + bound / eff)).abs() < 1e-9, "{t} vs {bound}");
+        // Piper's lower bound T ≥ bytes leaving the node / node injection holds for both algorithms.
+        assert!(all_to_all_s(&p, &shape, b, A2aAlgo::Halo) >= bound);
+    }
+
+    #[test]
+    fn halo_wins_for_small_messages_across_many_nodes() {
+        let p = preset("frontier").unwrap();
+        let shape = GroupShape::new(&p, 0, 8 * 64, 1); // 64 nodes
+        let flat = all_to_all_s(&p, &shape, 4096.0, A2aAlgo::Flat);
+        let halo = all_to_all_s(&p, &shape, 4096.0, A2aAlgo::Halo);
+        assert!(halo < flat / 1.5, "halo {halo} flat {flat}");
+        assert_eq!(shape.top_level(), Level::Group);
+    }
+
+    #[test]
+    fn all_reduce_ring_closed_form_inside_a_node() {
+        let p = preset("nvlink-8").unwrap();
+        let shape = GroupShape::new(&p, 0, 8, 1);
+        let t = all_reduce_s(&p, &shape, 8, 1e9);
+        assert!((t - (2.0 * 7.0 / 8.0 * 1e9 / 450e9 + 14.0 * 3e-6)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn one_member_per_node_uses_one_nic() {
+        let p = preset("frontier").unwrap();
+        let strided = GroupShape::new(&p, 0, 4, 8); // ranks 0, 8, 16, 24: one per node, same switch
+        let t = all_reduce_s(&p, &strided, 4, 1e9);
+        assert!((t - (1.5 * 1e9 / 25e9 + 6.0 * 10e-6)).abs() < 1e-12, "{t}");
+    }
+}

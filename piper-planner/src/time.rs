@@ -1,0 +1,263 @@
+//! Time model: compute of each layer from its FLOPs and the platform's measured efficiency, the expert
+//! all-to-alls and pipeline p2p from the communication model, the step from simulating the schedule's op
+//! lists, then data-parallel gradient reduction and the optimizer step. MFU = model FLOPs (Megatron
+//! convention, recomputation not counted) / (step time × peak × GPUs).
+//!
+//! Per layer and micro-batch on one rank (T tokens): forward compute = attention projections (GEMM
+//! efficiency at m = T), attention core (attention efficiency at s), routed experts (GEMM efficiency at
+//! m = T·k·EP/E tokens per local expert, × the expert-imbalance factor), shared experts and dense MLPs
+//! (m = T). Backward = 2 × forward; full recompute adds a forward, selective recompute the attention core.
+//! Each MoE layer adds 4 all-to-alls (dispatch and combine, forward and backward; 6 with full recompute)
+//! of T·k·d·e/EP bytes per peer. Communication is not overlapped with compute.
+
+use serde::Serialize;
+
+use crate::comm::{A2aAlgo, GroupShape, all_reduce_s, all_to_all_s, p2p_s};
+use crate::error::Result;
+use crate::layout::{Layout, Recompute, StageSplit, TrainConfig};
+use crate::model::counts::{attention_forward_flops, layer_params, mlp_forward_flops, mtp_module_params};
+use crate::model::{Attention, LayerKind, ModelSpec, training_flops_per_token};
+use crate::platform::Platform;
+use crate::schedule::{Simulation, simulate};
+
+/// Seconds per micro-batch of one layer on one rank.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct LayerTime {
+    pub forward_compute_s: f64,
+    pub backward_compute_s: f64,
+    pub forward_a2a_s: f64,
+    pub backward_a2a_s: f64,
+}
+
+impl LayerTime {
+    pub fn forward_s(&self) -> f64 {
+        self.forward_compute_s + self.forward_a2a_s
+    }
+    pub fn backward_s(&self) -> f64 {
+        self.backward_compute_s + self.backward_a2a_s
+    }
+    pub fn total_s(&self) -> f64 {
+        self.forward_s() + self.backward_s()
+    }
+}
+
+/// Per-stage times (per micro-batch unless named per step).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StageTime {
+    pub stage: u64,
+    pub forward_s: f64,
+    pub backward_s: f64,
+    pub a2a_s: f64,
+    /// Sending one micro-batch's activations (or gradients) to the next stage.
+    pub p2p_s: f64,
+    /// Per step: gradient all-reduce over EP·DP (non-expert) and DP (experts).
+    pub grad_reduce_s: f64,
+    /// Per step: optimizer update (memory-bandwidth bound).
+    pub optimizer_s: f64,
+}
+
+/// Predicted step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepPrediction {
+    pub stages: Vec<StageTime>,
+    pub pipeline: Simulation,
+    pub step_time_s: f64,
+    /// Model FLOPs per step (all ranks), Megatron convention.
+    pub model_flops: f64,
+    pub tokens_per_s: f64,
+    pub tflops_per_gpu: f64,
+    pub mfu: f64,
+}
+
+/// Layer costs for one layout and configuration, from which any split is timed.
+#[derive(Clone, Debug)]
+pub struct CostModel<'a> {
+    platform: &'a Platform,
+    layers: Vec<LayerTime>,
+    /// Extra forward compute of the first stage (none) and the last stage (logits, MTP).
+    last_stage: LayerTime,
+    p2p: Vec<f64>,
+    /// Per-layer parameter bytes whose gradients are reduced over EP·DP and over DP.
+    grad_bytes: Vec<(f64, f64)>,
+    first_extra_grad: f64,
+    last_extra_grad: (f64, f64),
+    dense_group: Vec<GroupShape>,
+    expert_group: Vec<GroupShape>,
+    layout: Layout,
+    cfg: TrainConfig,
+    optimizer_bytes_per_param: f64,
+    peak: f64,
+    flops_per_token: f64,
+}
+
+impl<'a> CostModel<'a> {
+    pub fn new(spec: &ModelSpec, platform: &'a Platform, layout: &Layout, cfg: &TrainConfig, algo: A2aAlgo) -> Result<Self> {
+        let e = cfg.elem_bytes()?;
+        let peak = platform.peak_flops(&cfg.dtype)?;
+        let t = cfg.tokens_per_micro_batch() as f64;
+        let d = spec.hidden_size;
+        let (proj_flops, core_flops) = attention_forward_flops(spec, cfg.seq_len);
+        let q_width = match spec.attention {
+            Attention::Gqa { num_heads, head_dim, .. } => num_heads * head_dim,
+            Attention::Mla { num_heads, v_head_dim, .. } => num_heads * v_head_dim,
+        };
+        let gemm = |flops: f64, m: f64, n: u64, k: u64| if flops <= 0.0 { 0.0 } else { flops / (peak * platform.gemm_efficiency(m, n, k)) };
+        let attn_core_s = core_flops * t / (peak * platform.attention_efficiency(cfg.seq_len));
+        let attn_s = gemm(proj_flops * t, t, q_width, d) + attn_core_s;
+        // The expert group of stage 0's first replica is representative (groups are aligned blocks).
+        let a2a_shape = GroupShape::new(platform, 0, layout.ep, 1);
+        let layer_time = |kind: LayerKind| {
+            let mut fwd = attn_s;
+            let mut a2a_each = 0.0;
+            match (kind, &spec.moe) {
+                (LayerKind::Moe, Some(moe)) => {
+                    let k = moe.top_k as f64;
+                    let copies = t * k * cfg.expert_imbalance;
+                    let per_expert = copies * layout.ep as f64 / moe.num_experts as f64;
+                    let f = moe.expert.intermediate_size;
+                    fwd += gemm(copies * mlp_forward_flops(d, &moe.expert), per_expert, f, d);
+                    let shared = moe.shared_expert();
+                    fwd += gemm(t * moe.num_shared_experts as f64 * mlp_forward_flops(d, &shared), t, shared.intermediate_size, d);
+                    if layout.ep > 1 {
+                        a2a_each = all_to_all_s(platform, &a2a_shape, copies * d as f64 * e / layout.ep as f64, algo);
+                    }
+                }
+                _ => {
+                    if let Some(m) = &spec.dense_mlp {
+                        fwd += gemm(t * mlp_forward_flops(d, m), t, m.intermediate_size, d);
+                    }
+                }
+            }
+            let (recompute_s, recompute_a2a) = match cfg.recompute {
+                Recompute::None => (0.0, 0.0),
+                Recompute::Selective => (attn_core_s, 0.0),
+                Recompute::Full => (fwd, 2.0 * a2a_each),
+            };
+            LayerTime {
+                forward_compute_s: fwd,
+                backward_compute_s: 2.0 * fwd + recompute_s,
+                forward_a2a_s: 2.0 * a2a_each,
+                backward_a2a_s: 2.0 * a2a_each + recompute_a2a,
+            }
+        };
+        let layers: Vec<LayerTime> = spec.layers.iter().map(|k| layer_time(*k)).collect();
+        let depth = 1.0 + spec.mtp_depth as f64;
+        let v = spec.vocab_size;
+        let logits_s = depth * gemm(2.0 * (d * v) as f64 * t, t, v, d);
+        let mut last_stage = LayerTime { forward_compute_s: logits_s, backward_compute_s: 2.0 * logits_s, ..Default::default() };
+        for _ in 0..spec.mtp_depth {
+            let l = layer_time(spec.mtp_layer_kind());
+            last_stage.forward_compute_s += l.forward_compute_s;
+            last_stage.backward_compute_s += l.backward_compute_s;
+            last_stage.forward_a2a_s += l.forward_a2a_s;
+            last_stage.backward_a2a_s += l.backward_a2a_s;
+        }
+        let stage_ranks = layout.ep * layout.dp;
+        let p2p_bytes = t * d as f64 * e;
+        let p2p = (0..layout.pp)
+            .map(|s| if s + 1 < layout.pp { p2p_s(platform, s * stage_ranks, (s + 1) * stage_ranks, p2p_bytes) } else { 0.0 })
+            .collect();
+        let ep = layout.ep as f64;
+        let grad_bytes = spec
+            .layers
+            .iter()
+            .map(|k| {
+                let p = layer_params(spec, *k);
+                (p.non_expert() as f64 * cfg.grad_bytes, p.routed_experts as f64 / ep * cfg.grad_bytes)
+            })
+            .collect();
+        let emb = (spec.vocab_size * d) as f64 * cfg.grad_bytes;
+        let mtp = spec.mtp_depth as f64 * mtp_module_params(spec) as f64 * cfg.grad_bytes;
+        let dense_group = (0..layout.pp).map(|s| GroupShape::new(platform, s * stage_ranks, stage_ranks, 1)).collect();
+        let expert_group = (0..layout.pp).map(|s| GroupShape::new(platform, s * stage_ranks, layout.dp, layout.ep)).collect();
+        Ok(CostModel {
+            platform,
+            layers,
+            last_stage,
+            p2p,
+            grad_bytes,
+            first_extra_grad: emb,
+            last_extra_grad: (emb + mtp, 0.0),
+            dense_group,
+            expert_group,
+            layout: *layout,
+            cfg: cfg.clone(),
+            optimizer_bytes_per_param: cfg.weight_bytes + cfg.grad_bytes + cfg.optimizer_bytes,
+            peak,
+            flops_per_token: training_flops_per_token(spec, cfg.seq_len).total(),
+        })
+    }
+
+    /// Forward + backward seconds of one micro-batch through layer `i` (for balancing splits).
+    pub fn layer_total_s(&self, i: usize) -> f64 {
+        self.layers[i].total_s()
+    }
+
+    /// Extra per-micro-batch seconds of the last stage (logits, MTP).
+    pub fn last_stage_extra_s(&self) -> f64 {
+        self.last_stage.total_s()
+    }
+
+    /// Times of stage `stage` holding layers `first..first + n`.
+    pub fn stage(&self, stage: u64, first: u64, n: u64) -> StageTime {
+        let range = first as usize..(first + n) as usize;
+        let mut sum = self.layers[range.clone()].iter().fold(LayerTime::default(), |a, l| LayerTime {
+            forward_compute_s: a.forward_compute_s + l.forward_compute_s,
+            backward_compute_s: a.backward_compute_s + l.backward_compute_s,
+            forward_a2a_s: a.forward_a2a_s + l.forward_a2a_s,
+            backward_a2a_s: a.backward_a2a_s + l.backward_a2a_s,
+        });
+        let (mut dense_bytes, mut expert_bytes) = self.grad_bytes[range].iter().fold((0.0, 0.0), |a, g| (a.0 + g.0, a.1 + g.1));
+        if stage == 0 {
+            dense_bytes += self.first_extra_grad;
+        }
+        if stage == self.layout.pp - 1 {
+            let l = &self.last_stage;
+            sum.forward_compute_s += l.forward_compute_s;
+            sum.backward_compute_s += l.backward_compute_s;
+            sum.forward_a2a_s += l.forward_a2a_s;
+            sum.backward_a2a_s += l.backward_a2a_s;
+            dense_bytes += self.last_extra_grad.0;
+            expert_bytes += self.last_extra_grad.1;
+        }
+        let s = stage as usize;
+        let grad_reduce_s = all_reduce_s(self.platform, &self.dense_group[s], self.layout.ep * self.layout.dp, dense_bytes)
+            + all_reduce_s(self.platform, &self.expert_group[s], self.layout.dp, expert_bytes);
+        let params = (dense_bytes + expert_bytes) / self.cfg.grad_bytes.max(1e-9);
+        let shard = if self.cfg.zero1 { (self.layout.ep * self.layout.dp) as f64 } else { 1.0 };
+        // Read and write weights, gradients and optimizer states once.
+        let optimizer_s = 2.0 * params * self.optimizer_bytes_per_param / shard / (self.platform.memory_gbs * 1e9);
+        StageTime {
+            stage,
+            forward_s: sum.forward_s(),
+            backward_s: sum.backward_s(),
+            a2a_s: sum.forward_a2a_s + sum.backward_a2a_s,
+            p2p_s: self.p2p[s],
+            grad_reduce_s,
+            optimizer_s,
+        }
+    }
+
+    /// The step for a split: simulate the schedule, add the slowest stage's reduction and update.
+    pub fn predict(&self, split: &StageSplit) -> StepPrediction {
+        let stages: Vec<StageTime> = split.starts().iter().zip(&split.0).enumerate().map(|(s, (f, n))| self.stage(s as u64, *f, *n)).collect();
+        let fwd: Vec<f64> = stages.iter().map(|s| s.forward_s).collect();
+        let bwd: Vec<f64> = stages.iter().map(|s| s.backward_s).collect();
+        let p2p: Vec<f64> = stages.iter().map(|s| s.p2p_s).collect();
+        let pipeline = simulate(self.cfg.schedule, self.cfg.num_micro_batches, &fwd, &bwd, &p2p);
+        let tail = stages.iter().map(|s| s.grad_reduce_s + s.optimizer_s).fold(0.0, f64::max);
+        let step_time_s = pipeline.makespan_s + tail;
+        let tokens = (self.cfg.global_batch(&self.layout) * self.cfg.seq_len) as f64;
+        let model_flops = self.flops_per_token * tokens;
+        let gpus = self.layout.gpus() as f64;
+        StepPrediction {
+            stages,
+            pipeline,
+            step_time_s,
+            model_flops,
+            tokens_per_s: tokens / step_time_s,
+            tflops_per_gpu: model_flops / step_time_s / gpus / 1e12,
+            mfu: model_flops / (step_time_s * self.peak * gpus),
+        }
+    }
+}
