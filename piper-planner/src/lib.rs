@@ -14,5 +14,8 @@ pub use error::{Error, Result};
 pub mod comm;
 pub mod layout;
 pub mod memory;
+pub mod migration;
+pub mod planner;
 pub mod schedule;
+pub mod split;
 pub mod time;

@@ -121,6 +121,12 @@ pub struct Footprint {
     cfg: TrainConfig,
     layout: Layout,
     overhead: f64,
+    /// Prefix sums over layers (index i = layers 0..i): held params, optimizer-state params,
+    /// activation bytes per micro-batch, MoE layer count.
+    prefix: Vec<[f64; 4]>,
+    /// Full-recompute working set of a dense and of an MoE layer.
+    working_set_dense: f64,
+    working_set_moe: f64,
 }
 
 impl Footprint {
@@ -170,7 +176,17 @@ impl Footprint {
         if spec.mtp_depth > 0 {
             last_act.add(&full_act(spec.mtp_layer_kind()).scaled(spec.mtp_depth as f64));
         }
+        let mut prefix = vec![[0.0; 4]];
+        for (i, kind) in spec.layers.iter().enumerate() {
+            let p = prefix[i];
+            let moe = f64::from(u8::from(*kind == LayerKind::Moe));
+            prefix.push([p[0] + layer_params_v[i].0, p[1] + layer_params_v[i].1, p[2] + layer_act[i].total(), p[3] + moe]);
+        }
+        let ws_of = |want: LayerKind| spec.layers.iter().zip(&layer_ws).filter(|(k, _)| **k == want).map(|(_, w)| *w).fold(0.0, f64::max);
         Ok(Footprint {
+            prefix,
+            working_set_dense: ws_of(LayerKind::Dense),
+            working_set_moe: ws_of(LayerKind::Moe),
             layer_params: layer_params_v,
             layer_act,
             layer_working_set: layer_ws,
@@ -221,6 +237,28 @@ impl Footprint {
             overhead_bytes: self.overhead,
             total_bytes: pb + gb + ob + activation_bytes + self.overhead,
         }
+    }
+
+    /// `stage(..).total_bytes` in O(1), for split search.
+    pub fn stage_total_bytes(&self, stage: u64, first: u64, n: u64) -> f64 {
+        let pp = self.layout.pp;
+        let in_flight = schedule::peak_in_flight(self.cfg.schedule, stage, pp, self.cfg.num_micro_batches) as f64;
+        let (a, b) = (self.prefix[first as usize], self.prefix[(first + n) as usize]);
+        let (mut params, mut opt_params) = (b[0] - a[0], b[1] - a[1]);
+        let mut act = (b[2] - a[2]) * in_flight;
+        let moe_layers = b[3] - a[3];
+        act += if moe_layers > 0.0 { self.working_set_moe } else { 0.0 }.max(if moe_layers < n as f64 { self.working_set_dense } else { 0.0 });
+        if stage == 0 {
+            params += self.first_stage_params.0;
+            opt_params += self.first_stage_params.1;
+        }
+        if stage == pp - 1 {
+            params += self.last_stage_params.0;
+            opt_params += self.last_stage_params.1;
+            act += self.last_stage_act.total() * in_flight;
+        }
+        let c = &self.cfg;
+        params * (c.weight_bytes + c.grad_bytes) + opt_params * c.optimizer_bytes + act + self.overhead
     }
 
     /// Memory of every stage of a split.
@@ -313,6 +351,20 @@ mod tests {
             let c = TrainConfig { schedule: sched, ..cfg(8) };
             let stages = Footprint::new(&spec, &p, &layout, &c).unwrap().stages(&StageSplit::even(32, 4));
             assert_eq!(stages.iter().map(|s| s.in_flight).collect::<Vec<_>>(), expect);
+        }
+    }
+
+    #[test]
+    fn fast_total_matches_the_itemised_stage() {
+        let p = platform::preset("frontier").unwrap();
+        for (name, recompute) in [("deepseek-v3", Recompute::Full), ("llama4-maverick", Recompute::Selective), ("mixtral-8x7b", Recompute::None)] {
+            let spec = preset(name).unwrap();
+            let layout = Layout { pp: 4, ep: 4, dp: 2 };
+            let fp = Footprint::new(&spec, &p, &layout, &TrainConfig { recompute, ..cfg(6) }).unwrap();
+            for (s, first, n) in [(0, 0, 5), (1, 3, 7), (3, spec.num_layers - 9, 9), (2, 10, 1)] {
+                let slow = fp.stage(s, first, n).total_bytes;
+                assert!((fp.stage_total_bytes(s, first, n) - slow).abs() <= 1e-6 * slow, "{name} {s} {first} {n}");
+            }
         }
     }
 
