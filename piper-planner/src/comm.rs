@@ -64,24 +64,33 @@ impl GroupShape {
     /// Ranks `first, first + stride, …` (`size` of them).
     pub fn new(platform: &Platform, first: u64, size: u64, stride: u64) -> Self {
         let g = platform.gpus_per_node;
-        let ranks: Vec<u64> = (0..size).map(|i| first + i * stride).collect();
-        let mut node_ids: Vec<u64> = ranks.iter().map(|r| r / g).collect();
-        node_ids.dedup();
-        let nodes = node_ids
+        // Members grouped by node (ranks increase, so each node's members are consecutive).
+        let mut members: Vec<(u64, Vec<u64>)> = Vec::new();
+        for r in (0..size).map(|i| first + i * stride) {
+            match members.last_mut() {
+                Some((n, locals)) if *n == r / g => locals.push(r % g),
+                _ => members.push((r / g, vec![r % g])),
+            }
+        }
+        let nodes = members
             .iter()
-            .map(|&n| {
-                let locals: Vec<u64> = ranks.iter().filter(|r| *r / g == n).map(|r| r % g).collect();
+            .map(|(n, locals)| {
                 let mut remote_ranks = [0; 3];
                 let mut remote_nodes = [0; 3];
-                for &m in node_ids.iter().filter(|m| **m != n) {
+                for (m, their) in members.iter().filter(|(m, _)| m != n) {
                     let li = level_index(platform.level(n * g, m * g));
                     remote_nodes[li] += 1;
-                    remote_ranks[li] += ranks.iter().filter(|r| *r / g == m).count() as u64;
+                    remote_ranks[li] += their.len() as u64;
                 }
                 let mut nics: Vec<u64> = locals.iter().map(|l| platform.topology.gpu_to_nic[*l as usize]).collect();
                 nics.sort_unstable();
                 nics.dedup();
-                NodeView { locals, remote_ranks, remote_nodes, nic_fraction: nics.len() as f64 / platform.topology.nics_per_node as f64 }
+                NodeView {
+                    locals: locals.clone(),
+                    remote_ranks,
+                    remote_nodes,
+                    nic_fraction: nics.len() as f64 / platform.topology.nics_per_node as f64,
+                }
             })
             .collect();
         GroupShape { nodes }
@@ -121,9 +130,7 @@ fn network_s(platform: &Platform, bytes_by_level: [f64; 3], msg_bytes: f64, nic_
     let inject = platform.injection_gbs().min(platform.topology.switch.node_gbs) * nic_fraction;
     // Traffic at level ≥ ℓ is bounded by level ℓ's per-node bandwidth (the injection bounds it all).
     let bounds = [inject, platform.topology.group.node_gbs.min(inject), platform.topology.system.node_gbs.min(inject)];
-    (0..3)
-        .map(|l| bytes_by_level[l..].iter().sum::<f64>() / (bounds[l] * 1e9 * eff))
-        .fold(0.0, f64::max)
+    (0..3).map(|l| bytes_by_level[l..].iter().sum::<f64>() / (bounds[l] * 1e9 * eff)).fold(0.0, f64::max)
 }
 
 /// Per-message sender cost of `count_by_level` messages.
@@ -150,13 +157,15 @@ pub fn all_to_all_s(platform: &Platform, shape: &GroupShape, bytes_per_peer: f64
             let bytes: [f64; 3] = std::array::from_fn(|l| c * node.remote_ranks[l] as f64 * b);
             match algo {
                 A2aAlgo::Flat => {
-                    let inter = latency_s(platform, node.remote_ranks) + network_s(platform, bytes, b, node.nic_fraction);
+                    let inter =
+                        latency_s(platform, node.remote_ranks) + network_s(platform, bytes, b, node.nic_fraction);
                     phase_1.max(inter)
                 }
                 A2aAlgo::Halo => {
                     let remote_ranks: u64 = node.remote_ranks.iter().sum();
                     let packed = b * remote_ranks as f64 / total_remote_nodes as f64; // c_dest · B on average
-                    let phase_2 = latency_s(platform, node.remote_nodes) + network_s(platform, bytes, packed, node.nic_fraction);
+                    let phase_2 =
+                        latency_s(platform, node.remote_nodes) + network_s(platform, bytes, packed, node.nic_fraction);
                     // Each member forwards to each local peer the B-sized pieces of every remote source it
                     // relays for: remote_ranks / c sources per member.
                     let phase_3 = intra_exchange_s(platform, &node.locals, b * remote_ranks as f64 / c);
@@ -173,7 +182,9 @@ pub fn p2p_s(platform: &Platform, from: u64, to: u64, bytes: f64) -> f64 {
     let g = platform.gpus_per_node;
     match platform.level(from, to) {
         Level::SelfRank => 0.0,
-        Level::Node => platform.topology.intra_node_latency_us * 1e-6 + bytes / (platform.intra_gbs(from % g, to % g) * 1e9),
+        Level::Node => {
+            platform.topology.intra_node_latency_us * 1e-6 + bytes / (platform.intra_gbs(from % g, to % g) * 1e9)
+        }
         level => {
             let link = platform.link(level);
             let per_rank = link.node_gbs.min(platform.injection_gbs()) / g as f64;

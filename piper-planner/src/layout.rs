@@ -44,24 +44,42 @@ impl Layout {
                 return Err(Error::invalid(src, flag, "must be ≥ 1"));
             }
         }
-        if let Some(g) = gpus {
-            if self.gpus() != g {
-                return Err(Error::invalid(
-                    src,
-                    "--pp/--ep/--dp",
-                    format!("PP·EP·DP = {}·{}·{} = {} but {g} GPUs (ranks) are available; the product must equal it", self.pp, self.ep, self.dp, self.gpus()),
-                ));
-            }
+        if let Some(g) = gpus
+            && self.gpus() != g
+        {
+            return Err(Error::invalid(
+                src,
+                "--pp/--ep/--dp",
+                format!(
+                    "PP·EP·DP = {}·{}·{} = {} but {g} GPUs (ranks) are available; the product must equal it",
+                    self.pp,
+                    self.ep,
+                    self.dp,
+                    self.gpus()
+                ),
+            ));
         }
         if self.pp > spec.num_layers {
-            return Err(Error::invalid(src, "--pp", format!("{} stages > {} layers of {}; use --pp ≤ {}", self.pp, spec.num_layers, spec.name, spec.num_layers)));
+            return Err(Error::invalid(
+                src,
+                "--pp",
+                format!(
+                    "{} stages > {} layers of {}; use --pp ≤ {}",
+                    self.pp, spec.num_layers, spec.name, spec.num_layers
+                ),
+            ));
         }
         let e = spec.num_experts();
-        if self.ep > 1 && (e == 0 || e % self.ep != 0) {
+        if self.ep > 1 && (e == 0 || !e.is_multiple_of(self.ep)) {
             return Err(Error::invalid(
                 src,
                 "--ep",
-                format!("EP = {} must divide the {e} routed experts of {}; try one of {}", self.ep, spec.name, divisors(e.max(1)).iter().map(u64::to_string).collect::<Vec<_>>().join(", ")),
+                format!(
+                    "EP = {} must divide the {e} routed experts of {}; try one of {}",
+                    self.ep,
+                    spec.name,
+                    divisors(e.max(1)).iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+                ),
             ));
         }
         Ok(())
@@ -158,7 +176,11 @@ impl TrainConfig {
             "bf16" | "fp16" => Ok(2.0),
             "fp32" => Ok(4.0),
             "fp8" => Ok(1.0),
-            other => Err(Error::invalid("training config", "--dtype", format!("`{other}` is not one of bf16, fp16, fp32, fp8"))),
+            other => Err(Error::invalid(
+                "training config",
+                "--dtype",
+                format!("`{other}` is not one of bf16, fp16, fp32, fp8"),
+            )),
         }
     }
 
@@ -174,15 +196,27 @@ impl TrainConfig {
 
     pub fn validate(&self) -> Result<()> {
         let src = "training config";
-        for (flag, v) in [("--seq-len", self.seq_len), ("--micro-batch-size", self.micro_batch_size), ("--num-micro-batches", self.num_micro_batches)] {
+        for (flag, v) in [
+            ("--seq-len", self.seq_len),
+            ("--micro-batch-size", self.micro_batch_size),
+            ("--num-micro-batches", self.num_micro_batches),
+        ] {
             if v == 0 {
                 return Err(Error::invalid(src, flag, "must be ≥ 1"));
             }
         }
-        if !(self.expert_imbalance >= 1.0) {
-            return Err(Error::invalid(src, "--expert-imbalance", "is max/mean tokens per expert rank and must be ≥ 1"));
+        if self.expert_imbalance.is_nan() || self.expert_imbalance < 1.0 {
+            return Err(Error::invalid(
+                src,
+                "--expert-imbalance",
+                "is max/mean tokens per expert rank and must be ≥ 1",
+            ));
         }
-        for (flag, v) in [("--weight-bytes", self.weight_bytes), ("--grad-bytes", self.grad_bytes), ("--optimizer-bytes", self.optimizer_bytes)] {
+        for (flag, v) in [
+            ("--weight-bytes", self.weight_bytes),
+            ("--grad-bytes", self.grad_bytes),
+            ("--optimizer-bytes", self.optimizer_bytes),
+        ] {
             if !(v >= 0.0 && v.is_finite()) {
                 return Err(Error::invalid(src, flag, "must be a non-negative number of bytes per parameter"));
             }
@@ -206,7 +240,13 @@ impl StageSplit {
     /// Parses `--split 15,16,16,14` and checks it against the model and PP.
     pub fn parse(text: &str, num_layers: u64, pp: u64) -> Result<Self> {
         let parts: std::result::Result<Vec<u64>, _> = text.split(',').map(|p| p.trim().parse::<u64>()).collect();
-        let split = StageSplit(parts.map_err(|_| Error::invalid("layout", "--split", format!("`{text}` must be comma-separated layer counts, e.g. 15,16,16,14")))?);
+        let split = StageSplit(parts.map_err(|_| {
+            Error::invalid(
+                "layout",
+                "--split",
+                format!("`{text}` must be comma-separated layer counts, e.g. 15,16,16,14"),
+            )
+        })?);
         split.validate(num_layers, pp)?;
         Ok(split)
     }
@@ -224,17 +264,20 @@ impl StageSplit {
 
     /// Index of the first layer of each stage.
     pub fn starts(&self) -> Vec<u64> {
-        self.0.iter().scan(0, |acc, n| {
-            let start = *acc;
-            *acc += n;
-            Some(start)
-        }).collect()
+        self.0
+            .iter()
+            .scan(0, |acc, n| {
+                let start = *acc;
+                *acc += n;
+                Some(start)
+            })
+            .collect()
     }
 }
 
 /// Divisors of `n`, increasing.
 pub fn divisors(n: u64) -> Vec<u64> {
-    (1..=n).filter(|d| n % d == 0).collect()
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
 }
 
 #[cfg(test)]

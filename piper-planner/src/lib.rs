@@ -6,16 +6,17 @@
 //!
 //! No Burn dependency: everything here is arithmetic over specs, so its tests run in seconds.
 
-pub mod error;
-pub mod model;
-pub mod platform;
-
-pub use error::{Error, Result};
 pub mod comm;
+pub mod error;
 pub mod layout;
 pub mod memory;
 pub mod migration;
+pub mod model;
 pub mod planner;
+pub mod platform;
+pub mod run_plan;
 pub mod schedule;
 pub mod split;
 pub mod time;
+
+pub use error::{Error, Result};

@@ -180,9 +180,16 @@ impl Footprint {
         for (i, kind) in spec.layers.iter().enumerate() {
             let p = prefix[i];
             let moe = f64::from(u8::from(*kind == LayerKind::Moe));
-            prefix.push([p[0] + layer_params_v[i].0, p[1] + layer_params_v[i].1, p[2] + layer_act[i].total(), p[3] + moe]);
+            prefix.push([
+                p[0] + layer_params_v[i].0,
+                p[1] + layer_params_v[i].1,
+                p[2] + layer_act[i].total(),
+                p[3] + moe,
+            ]);
         }
-        let ws_of = |want: LayerKind| spec.layers.iter().zip(&layer_ws).filter(|(k, _)| **k == want).map(|(_, w)| *w).fold(0.0, f64::max);
+        let ws_of = |want: LayerKind| {
+            spec.layers.iter().zip(&layer_ws).filter(|(k, _)| **k == want).map(|(_, w)| *w).fold(0.0, f64::max)
+        };
         Ok(Footprint {
             prefix,
             working_set_dense: ws_of(LayerKind::Dense),
@@ -204,7 +211,8 @@ impl Footprint {
         let pp = self.layout.pp;
         let in_flight = schedule::peak_in_flight(self.cfg.schedule, stage, pp, self.cfg.num_micro_batches);
         let range = first as usize..(first + n) as usize;
-        let (mut params, mut opt_params) = self.layer_params[range.clone()].iter().fold((0.0, 0.0), |a, p| (a.0 + p.0, a.1 + p.1));
+        let (mut params, mut opt_params) =
+            self.layer_params[range.clone()].iter().fold((0.0, 0.0), |a, p| (a.0 + p.0, a.1 + p.1));
         let mut act = ActivationTerms::default();
         for a in &self.layer_act[range.clone()] {
             act.add(a);
@@ -247,7 +255,11 @@ impl Footprint {
         let (mut params, mut opt_params) = (b[0] - a[0], b[1] - a[1]);
         let mut act = (b[2] - a[2]) * in_flight;
         let moe_layers = b[3] - a[3];
-        act += if moe_layers > 0.0 { self.working_set_moe } else { 0.0 }.max(if moe_layers < n as f64 { self.working_set_dense } else { 0.0 });
+        act += if moe_layers > 0.0 { self.working_set_moe } else { 0.0 }.max(if moe_layers < n as f64 {
+            self.working_set_dense
+        } else {
+            0.0
+        });
         if stage == 0 {
             params += self.first_stage_params.0;
             opt_params += self.first_stage_params.1;
@@ -263,31 +275,59 @@ impl Footprint {
 
     /// Memory of every stage of a split.
     pub fn stages(&self, split: &StageSplit) -> Vec<StageMemory> {
-        split.starts().iter().zip(&split.0).enumerate().map(|(s, (first, n))| self.stage(s as u64, *first, *n)).collect()
+        split
+            .starts()
+            .iter()
+            .zip(&split.0)
+            .enumerate()
+            .map(|(s, (first, n))| self.stage(s as u64, *first, *n))
+            .collect()
     }
 }
 
 /// Activations of one layer for one micro-batch on one rank.
-fn layer_activations(spec: &ModelSpec, kind: LayerKind, cfg: &TrainConfig, e: f64, recompute: Recompute) -> ActivationTerms {
+fn layer_activations(
+    spec: &ModelSpec,
+    kind: LayerKind,
+    cfg: &TrainConfig,
+    e: f64,
+    recompute: Recompute,
+) -> ActivationTerms {
     let t = cfg.tokens_per_micro_batch() as f64;
     let d = spec.hidden_size as f64;
     let b = cfg.micro_batch_size as f64;
     let s = cfg.seq_len as f64;
     let h = spec.num_heads() as f64;
     let attn_width = match spec.attention {
-        Attention::Gqa { num_heads, num_kv_heads, head_dim, .. } => (2 * d as u64 + 2 * num_heads * head_dim + 2 * num_kv_heads * head_dim) as f64,
+        Attention::Gqa { num_heads, num_kv_heads, head_dim, .. } => {
+            (2 * d as u64 + 2 * num_heads * head_dim + 2 * num_kv_heads * head_dim) as f64
+        }
         Attention::Mla { num_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim } => {
             let qk = num_heads * (qk_nope_head_dim + qk_rope_head_dim);
-            (2 * d as u64 + q_lora_rank.unwrap_or(0) + kv_lora_rank + qk_rope_head_dim + 2 * qk + 2 * num_heads * v_head_dim) as f64
+            (2 * d as u64
+                + q_lora_rank.unwrap_or(0)
+                + kv_lora_rank
+                + qk_rope_head_dim
+                + 2 * qk
+                + 2 * num_heads * v_head_dim) as f64
         }
     };
-    let scores = if cfg.flash_attention || recompute == Recompute::Selective { 4.0 * b * h * s } else { e * 2.0 * b * h * s * s };
+    let scores = if cfg.flash_attention || recompute == Recompute::Selective {
+        4.0 * b * h * s
+    } else {
+        e * 2.0 * b * h * s * s
+    };
     // Stored MLP activations per token per copy: m·f + d, or (m−1)·f + d when the activation function is recomputed.
     let mlp = |mlp: &crate::model::Mlp| {
         let kept = if recompute == Recompute::Selective { mlp.matrices() - 1 } else { mlp.matrices() };
         (kept * mlp.intermediate_size) as f64 + d
     };
-    let mut a = ActivationTerms { attention: e * t * attn_width, attention_scores: scores, mlp_input: e * t * d, ..Default::default() };
+    let mut a = ActivationTerms {
+        attention: e * t * attn_width,
+        attention_scores: scores,
+        mlp_input: e * t * d,
+        ..Default::default()
+    };
     match (kind, &spec.moe) {
         (LayerKind::Moe, Some(moe)) => {
             let k = moe.top_k as f64;
@@ -357,7 +397,11 @@ mod tests {
     #[test]
     fn fast_total_matches_the_itemised_stage() {
         let p = platform::preset("frontier").unwrap();
-        for (name, recompute) in [("deepseek-v3", Recompute::Full), ("llama4-maverick", Recompute::Selective), ("mixtral-8x7b", Recompute::None)] {
+        for (name, recompute) in [
+            ("deepseek-v3", Recompute::Full),
+            ("llama4-maverick", Recompute::Selective),
+            ("mixtral-8x7b", Recompute::None),
+        ] {
             let spec = preset(name).unwrap();
             let layout = Layout { pp: 4, ep: 4, dp: 2 };
             let fp = Footprint::new(&spec, &p, &layout, &TrainConfig { recompute, ..cfg(6) }).unwrap();

@@ -61,7 +61,11 @@ pub fn imbalance(rank_loads: &[f64]) -> f64 {
 pub fn validate(loads: &[f64], placement: &[u64], ranks: u64) -> Result<()> {
     let src = "migration input";
     if loads.is_empty() || loads.len() != placement.len() {
-        return Err(Error::invalid(src, "placement", format!("needs one rank per expert: {} loads, {} placements", loads.len(), placement.len())));
+        return Err(Error::invalid(
+            src,
+            "placement",
+            format!("needs one rank per expert: {} loads, {} placements", loads.len(), placement.len()),
+        ));
     }
     if loads.iter().any(|l| !(l.is_finite() && *l >= 0.0)) {
         return Err(Error::invalid(src, "loads", "must be non-negative token counts"));
@@ -100,7 +104,12 @@ pub fn hill_climb(loads: &[f64], placement: &[u64], ranks: u64, max_iterations: 
             Some((pair_max, a, b)) if pair_max < rl[hi] => {
                 place[a] = lo as u64;
                 place[b] = hi as u64;
-                swaps.push(Swap { expert_out: a as u64, from_rank: hi as u64, expert_in: b as u64, to_rank: lo as u64 });
+                swaps.push(Swap {
+                    expert_out: a as u64,
+                    from_rank: hi as u64,
+                    expert_in: b as u64,
+                    to_rank: lo as u64,
+                });
             }
             _ => break,
         }
@@ -110,14 +119,23 @@ pub fn hill_climb(loads: &[f64], placement: &[u64], ranks: u64, max_iterations: 
 
 /// Bytes to move one routed expert of `spec`: parameters × (weight + grad + optimizer) bytes.
 pub fn expert_bytes(spec: &ModelSpec, bytes_per_param: f64) -> Result<f64> {
-    let moe = spec.moe.as_ref().ok_or_else(|| Error::invalid(format!("model `{}`", spec.name), "num_experts", "is a dense model: nothing to migrate"))?;
+    let moe = spec.moe.as_ref().ok_or_else(|| {
+        Error::invalid(format!("model `{}`", spec.name), "num_experts", "is a dense model: nothing to migrate")
+    })?;
     Ok(mlp_params(spec.hidden_size, &moe.expert) as f64 * bytes_per_param)
 }
 
 /// Rebalances and prices the move at `link_gbs` GB/s per rank.
-pub fn rebalance(loads: &[f64], placement: &[u64], ranks: u64, max_iterations: u64, bytes_per_expert: f64, link_gbs: f64) -> Result<Migration> {
+pub fn rebalance(
+    loads: &[f64],
+    placement: &[u64],
+    ranks: u64,
+    max_iterations: u64,
+    bytes_per_expert: f64,
+    link_gbs: f64,
+) -> Result<Migration> {
     validate(loads, placement, ranks)?;
-    if !(link_gbs > 0.0) {
+    if link_gbs.is_nan() || link_gbs <= 0.0 {
         return Err(Error::invalid("migration input", "--link-gbps", "must be a positive bandwidth in GB/s"));
     }
     let (swaps, after) = hill_climb(loads, placement, ranks, max_iterations);

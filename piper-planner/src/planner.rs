@@ -122,14 +122,21 @@ pub struct PlanReport {
 
 /// Prices one configuration: its best split (time-balanced within memory, or the even split), memory and
 /// predicted step. `Err(reason)` when no split fits in memory.
-pub fn evaluate(spec: &ModelSpec, platform: &Platform, layout: &Layout, cfg: &TrainConfig, algo: A2aAlgo) -> Result<std::result::Result<PlanCandidate, (f64, String)>> {
+pub fn evaluate(
+    spec: &ModelSpec,
+    platform: &Platform,
+    layout: &Layout,
+    cfg: &TrainConfig,
+    algo: A2aAlgo,
+) -> Result<std::result::Result<PlanCandidate, (f64, String)>> {
     let cap = platform.gpu_memory_bytes();
     let footprint = Footprint::new(spec, platform, layout, cfg)?;
     let cost = CostModel::new(spec, platform, layout, cfg, algo)?;
     let even = StageSplit::even(spec.num_layers, layout.pp);
     let even_mem = footprint.stages(&even);
     let even_fits = even_mem.iter().all(|s| s.total_bytes <= cap);
-    let balanced = if layout.pp > 1 { balanced_split(&cost, &footprint, spec.num_layers, layout.pp, cap) } else { None };
+    let balanced =
+        if layout.pp > 1 { balanced_split(&cost, &footprint, spec.num_layers, layout.pp, cap) } else { None };
     let mut options: Vec<(StageSplit, StepPrediction)> = Vec::new();
     if even_fits {
         let p = cost.predict(&even);
@@ -139,10 +146,11 @@ pub fn evaluate(spec: &ModelSpec, platform: &Platform, layout: &Layout, cfg: &Tr
         let p = cost.predict(&split);
         options.push((split, p));
     }
-    let Some((split, prediction)) = options.into_iter().min_by(|a, b| a.1.step_time_s.total_cmp(&b.1.step_time_s)) else {
+    let Some((split, prediction)) = options.into_iter().min_by(|a, b| a.1.step_time_s.total_cmp(&b.1.step_time_s))
+    else {
         let worst = even_mem.iter().max_by(|a, b| a.total_bytes.total_cmp(&b.total_bytes)).expect("pp ≥ 1");
         let reason = format!(
-            "stage {} needs {:.1} GiB > {:.1} GiB (mbs={}, M={}, {}, recompute={})",
+            "stage {} needs {:.1} GiB > {:.1} GiB (even split; no balanced split fits) at mbs={}, M={}, {}, recompute={}",
             worst.stage,
             worst.total_bytes / GIB,
             cap / GIB,
@@ -155,7 +163,11 @@ pub fn evaluate(spec: &ModelSpec, platform: &Platform, layout: &Layout, cfg: &Tr
     };
     let stages = footprint.stages(&split);
     let peak = stages.iter().max_by(|a, b| a.total_bytes.total_cmp(&b.total_bytes)).expect("pp ≥ 1");
-    let slowest = prediction.stages.iter().max_by(|a, b| (a.forward_s + a.backward_s).total_cmp(&(b.forward_s + b.backward_s))).expect("pp ≥ 1");
+    let slowest = prediction
+        .stages
+        .iter()
+        .max_by(|a, b| (a.forward_s + a.backward_s).total_cmp(&(b.forward_s + b.backward_s)))
+        .expect("pp ≥ 1");
     Ok(Ok(PlanCandidate {
         pp: layout.pp,
         ep: layout.ep,
@@ -200,8 +212,13 @@ pub fn plan(spec: &ModelSpec, platform: &Platform, req: &PlanRequest) -> Result<
     let mut rejected = Vec::new();
     let mut evaluated = 0;
     for ep in divisors(req.gpus).into_iter().filter(|e| req.ep.is_none_or(|x| x == *e)) {
-        if ep > 1 && experts % ep != 0 {
-            rejected.push(Rejection { pp: None, ep, dp: None, reason: format!("EP = {ep} does not divide the {experts} routed experts") });
+        if ep > 1 && !experts.is_multiple_of(ep) {
+            rejected.push(Rejection {
+                pp: None,
+                ep,
+                dp: None,
+                reason: format!("EP = {ep} does not divide the {experts} routed experts"),
+            });
             continue;
         }
         if ep > domain {
@@ -214,7 +231,10 @@ pub fn plan(spec: &ModelSpec, platform: &Platform, req: &PlanRequest) -> Result<
                 pp: None,
                 ep,
                 dp: None,
-                reason: format!("expert group of {ep} ranks spans {} nodes, beyond the fast local domain of {domain} GPUs; {hint}", shape.num_nodes()),
+                reason: format!(
+                    "expert group of {ep} ranks spans {} nodes, beyond the fast local domain of {domain} GPUs; {hint}",
+                    shape.num_nodes()
+                ),
             });
             continue;
         }
@@ -222,16 +242,24 @@ pub fn plan(spec: &ModelSpec, platform: &Platform, req: &PlanRequest) -> Result<
             let dp = req.gpus / ep / pp;
             let layout = Layout { pp, ep, dp };
             if pp > spec.num_layers {
-                rejected.push(Rejection { pp: Some(pp), ep, dp: Some(dp), reason: format!("PP = {pp} > {} layers", spec.num_layers) });
-                continue;
-            }
-            let replicas = ep * dp;
-            if req.global_batch % replicas != 0 {
                 rejected.push(Rejection {
                     pp: Some(pp),
                     ep,
                     dp: Some(dp),
-                    reason: format!("global batch {} is not divisible by EP·DP = {replicas} data-parallel ranks", req.global_batch),
+                    reason: format!("PP = {pp} > {} layers", spec.num_layers),
+                });
+                continue;
+            }
+            let replicas = ep * dp;
+            if !req.global_batch.is_multiple_of(replicas) {
+                rejected.push(Rejection {
+                    pp: Some(pp),
+                    ep,
+                    dp: Some(dp),
+                    reason: format!(
+                        "global batch {} is not divisible by EP·DP = {replicas} data-parallel ranks",
+                        req.global_batch
+                    ),
                 });
                 continue;
             }
@@ -239,12 +267,19 @@ pub fn plan(spec: &ModelSpec, platform: &Platform, req: &PlanRequest) -> Result<
             let mut best_fail: Option<(f64, String)> = None;
             let mut found = false;
             let crosses_nodes = GroupShape::new(platform, 0, ep, 1).num_nodes() > 1;
-            for &mbs in req.micro_batch_sizes.iter().filter(|m| per_replica % **m == 0) {
+            for &mbs in req.micro_batch_sizes.iter().filter(|m| per_replica.is_multiple_of(**m)) {
                 for &schedule in &req.schedules {
                     for &recompute in &req.recomputes {
-                        let cfg = TrainConfig { micro_batch_size: mbs, num_micro_batches: per_replica / mbs, schedule, recompute, ..req.base.clone() };
+                        let cfg = TrainConfig {
+                            micro_batch_size: mbs,
+                            num_micro_batches: per_replica / mbs,
+                            schedule,
+                            recompute,
+                            ..req.base.clone()
+                        };
                         // HALO equals flat inside one node: price it once.
-                        let algos: Vec<A2aAlgo> = if crosses_nodes { req.algos.clone() } else { req.algos.iter().take(1).copied().collect() };
+                        let algos: Vec<A2aAlgo> =
+                            if crosses_nodes { req.algos.clone() } else { req.algos.iter().take(1).copied().collect() };
                         for algo in algos {
                             evaluated += 1;
                             match evaluate(spec, platform, &layout, &cfg, algo)? {
@@ -264,8 +299,11 @@ pub fn plan(spec: &ModelSpec, platform: &Platform, req: &PlanRequest) -> Result<
             }
             if !found {
                 let reason = match best_fail {
-                    Some((_, r)) => format!("out of memory at best: {r}"),
-                    None => format!("no micro-batch size in {:?} divides the {per_replica} sequences per data-parallel rank", req.micro_batch_sizes),
+                    Some((_, r)) => format!("every option runs out of memory; the closest: {r}"),
+                    None => format!(
+                        "no micro-batch size in {:?} divides the {per_replica} sequences per data-parallel rank",
+                        req.micro_batch_sizes
+                    ),
                 };
                 rejected.push(Rejection { pp: Some(pp), ep, dp: Some(dp), reason });
             }
@@ -299,9 +337,16 @@ mod tests {
         }
         assert!(report.plans.windows(2).all(|w| w[0].mfu >= w[1].mfu));
         // EP = 16, 32, 64 do not divide 8 experts.
-        assert!(report.rejected.iter().any(|r| r.ep == 16 && r.reason.contains("does not divide the 8 routed experts")));
+        assert!(
+            report.rejected.iter().any(|r| r.ep == 16 && r.reason.contains("does not divide the 8 routed experts"))
+        );
         // PP = 1 cannot hold 47B parameters at 16 B each on 64 GiB.
-        assert!(report.rejected.iter().any(|r| r.pp == Some(1) && r.reason.contains("needs") && r.reason.contains("> 64.0 GiB")));
+        assert!(
+            report
+                .rejected
+                .iter()
+                .any(|r| r.pp == Some(1) && r.reason.contains("needs") && r.reason.contains("> 64.0 GiB"))
+        );
     }
 
     #[test]
@@ -311,7 +356,10 @@ mod tests {
         let req = PlanRequest { ep: Some(32), pp: Some(16), ..PlanRequest::new(512, 512, 4096) };
         let report = plan(&spec, &p, &req).unwrap();
         assert!(report.plans.is_empty());
-        assert!(report.rejected[0].reason.contains("spans 4 nodes") && report.rejected[0].reason.contains("--ep-domain switch"));
+        assert!(
+            report.rejected[0].reason.contains("spans 4 nodes")
+                && report.rejected[0].reason.contains("--ep-domain switch")
+        );
         let allowed = plan(&spec, &p, &PlanRequest { ep_domain: EpDomain::Switch, ..req }).unwrap();
         assert!(allowed.plans.iter().all(|c| c.ep == 32));
     }

@@ -108,7 +108,8 @@ pub fn simulate(schedule: Schedule, m: u64, forward_s: &[f64], backward_s: &[f64
     }
     let makespan_s = clock.iter().copied().fold(0.0, f64::max);
     let busy_s: Vec<f64> = (0..pp).map(|s| m as f64 * (forward_s[s] + backward_s[s])).collect();
-    let bubble_fraction = if makespan_s > 0.0 { 1.0 - busy_s.iter().sum::<f64>() / (pp as f64 * makespan_s) } else { 0.0 };
+    let bubble_fraction =
+        if makespan_s > 0.0 { 1.0 - busy_s.iter().sum::<f64>() / (pp as f64 * makespan_s) } else { 0.0 };
     Simulation { makespan_s, busy_s, bubble_fraction }
 }
 
@@ -120,7 +121,21 @@ mod tests {
     #[test]
     fn one_f_one_b_list_for_four_stages() {
         use Op::*;
-        assert_eq!(ops(Schedule::OneFOneB, 0, 4, 5), vec![Forward(0), Forward(1), Forward(2), Forward(3), Backward(0), Forward(4), Backward(1), Backward(2), Backward(3), Backward(4)]);
+        assert_eq!(
+            ops(Schedule::OneFOneB, 0, 4, 5),
+            vec![
+                Forward(0),
+                Forward(1),
+                Forward(2),
+                Forward(3),
+                Backward(0),
+                Forward(4),
+                Backward(1),
+                Backward(2),
+                Backward(3),
+                Backward(4)
+            ]
+        );
         assert_eq!(ops(Schedule::OneFOneB, 3, 4, 2), vec![Forward(0), Backward(0), Forward(1), Backward(1)]);
     }
 

@@ -7,7 +7,13 @@ use crate::memory::Footprint;
 use crate::time::CostModel;
 
 /// Smallest-bottleneck split whose every stage fits in `cap_bytes`, or `None` if the greedy finds none.
-pub fn balanced_split(cost: &CostModel, footprint: &Footprint, num_layers: u64, pp: u64, cap_bytes: f64) -> Option<StageSplit> {
+pub fn balanced_split(
+    cost: &CostModel,
+    footprint: &Footprint,
+    num_layers: u64,
+    pp: u64,
+    cap_bytes: f64,
+) -> Option<StageSplit> {
     let times: Vec<f64> = (0..num_layers as usize).map(|i| cost.layer_total_s(i)).collect();
     let extra = cost.last_stage_extra_s();
     let total: f64 = times.iter().sum::<f64>() + extra;
@@ -77,7 +83,8 @@ mod tests {
         let spec = preset("deepseek-v3").unwrap(); // 3 dense layers first, MTP and logits on the last stage
         let p = platform::preset("frontier").unwrap();
         let layout = Layout { pp: 8, ep: 8, dp: 1 };
-        let cfg = TrainConfig { num_micro_batches: 16, recompute: crate::layout::Recompute::Full, ..TrainConfig::new(4096) };
+        let cfg =
+            TrainConfig { num_micro_batches: 16, recompute: crate::layout::Recompute::Full, ..TrainConfig::new(4096) };
         let cost = CostModel::new(&spec, &p, &layout, &cfg, A2aAlgo::Flat).unwrap();
         let fp = Footprint::new(&spec, &p, &layout, &cfg).unwrap();
         let split = balanced_split(&cost, &fp, 61, 8, f64::INFINITY).unwrap();

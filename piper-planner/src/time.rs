@@ -91,7 +91,13 @@ pub struct CostModel<'a> {
 }
 
 impl<'a> CostModel<'a> {
-    pub fn new(spec: &ModelSpec, platform: &'a Platform, layout: &Layout, cfg: &TrainConfig, algo: A2aAlgo) -> Result<Self> {
+    pub fn new(
+        spec: &ModelSpec,
+        platform: &'a Platform,
+        layout: &Layout,
+        cfg: &TrainConfig,
+        algo: A2aAlgo,
+    ) -> Result<Self> {
         let e = cfg.elem_bytes()?;
         let peak = platform.peak_flops(&cfg.dtype)?;
         let t = cfg.tokens_per_micro_batch() as f64;
@@ -101,7 +107,9 @@ impl<'a> CostModel<'a> {
             Attention::Gqa { num_heads, head_dim, .. } => num_heads * head_dim,
             Attention::Mla { num_heads, v_head_dim, .. } => num_heads * v_head_dim,
         };
-        let gemm = |flops: f64, m: f64, n: u64, k: u64| if flops <= 0.0 { 0.0 } else { flops / (peak * platform.gemm_efficiency(m, n, k)) };
+        let gemm = |flops: f64, m: f64, n: u64, k: u64| {
+            if flops <= 0.0 { 0.0 } else { flops / (peak * platform.gemm_efficiency(m, n, k)) }
+        };
         let attn_core_s = core_flops * t / (peak * platform.attention_efficiency(cfg.seq_len));
         let attn_s = gemm(proj_flops * t, t, q_width, d) + attn_core_s;
         // The expert group of stage 0's first replica is representative (groups are aligned blocks).
@@ -117,7 +125,12 @@ impl<'a> CostModel<'a> {
                     let f = moe.expert.intermediate_size;
                     fwd += gemm(copies * mlp_forward_flops(d, &moe.expert), per_expert, f, d);
                     let shared = moe.shared_expert();
-                    fwd += gemm(t * moe.num_shared_experts as f64 * mlp_forward_flops(d, &shared), t, shared.intermediate_size, d);
+                    fwd += gemm(
+                        t * moe.num_shared_experts as f64 * mlp_forward_flops(d, &shared),
+                        t,
+                        shared.intermediate_size,
+                        d,
+                    );
                     if layout.ep > 1 {
                         a2a_each = all_to_all_s(platform, &a2a_shape, copies * d as f64 * e / layout.ep as f64, algo);
                     }
@@ -144,7 +157,8 @@ impl<'a> CostModel<'a> {
         let depth = 1.0 + spec.mtp_depth as f64;
         let v = spec.vocab_size;
         let logits_s = depth * gemm(2.0 * (d * v) as f64 * t, t, v, d);
-        let mut last_stage = LayerTime { forward_compute_s: logits_s, backward_compute_s: 2.0 * logits_s, ..Default::default() };
+        let mut last_stage =
+            LayerTime { forward_compute_s: logits_s, backward_compute_s: 2.0 * logits_s, ..Default::default() };
         for _ in 0..spec.mtp_depth {
             let l = layer_time(spec.mtp_layer_kind());
             last_stage.forward_compute_s += l.forward_compute_s;
@@ -155,7 +169,9 @@ impl<'a> CostModel<'a> {
         let stage_ranks = layout.ep * layout.dp;
         let p2p_bytes = t * d as f64 * e;
         let p2p = (0..layout.pp)
-            .map(|s| if s + 1 < layout.pp { p2p_s(platform, s * stage_ranks, (s + 1) * stage_ranks, p2p_bytes) } else { 0.0 })
+            .map(|s| {
+                if s + 1 < layout.pp { p2p_s(platform, s * stage_ranks, (s + 1) * stage_ranks, p2p_bytes) } else { 0.0 }
+            })
             .collect();
         let ep = layout.ep as f64;
         let grad_bytes = spec
@@ -169,7 +185,8 @@ impl<'a> CostModel<'a> {
         let emb = (spec.vocab_size * d) as f64 * cfg.grad_bytes;
         let mtp = spec.mtp_depth as f64 * mtp_module_params(spec) as f64 * cfg.grad_bytes;
         let dense_group = (0..layout.pp).map(|s| GroupShape::new(platform, s * stage_ranks, stage_ranks, 1)).collect();
-        let expert_group = (0..layout.pp).map(|s| GroupShape::new(platform, s * stage_ranks, layout.dp, layout.ep)).collect();
+        let expert_group =
+            (0..layout.pp).map(|s| GroupShape::new(platform, s * stage_ranks, layout.dp, layout.ep)).collect();
         Ok(CostModel {
             platform,
             layers,
@@ -207,7 +224,8 @@ impl<'a> CostModel<'a> {
             forward_a2a_s: a.forward_a2a_s + l.forward_a2a_s,
             backward_a2a_s: a.backward_a2a_s + l.backward_a2a_s,
         });
-        let (mut dense_bytes, mut expert_bytes) = self.grad_bytes[range].iter().fold((0.0, 0.0), |a, g| (a.0 + g.0, a.1 + g.1));
+        let (mut dense_bytes, mut expert_bytes) =
+            self.grad_bytes[range].iter().fold((0.0, 0.0), |a, g| (a.0 + g.0, a.1 + g.1));
         if stage == 0 {
             dense_bytes += self.first_extra_grad;
         }
@@ -221,8 +239,9 @@ impl<'a> CostModel<'a> {
             expert_bytes += self.last_extra_grad.1;
         }
         let s = stage as usize;
-        let grad_reduce_s = all_reduce_s(self.platform, &self.dense_group[s], self.layout.ep * self.layout.dp, dense_bytes)
-            + all_reduce_s(self.platform, &self.expert_group[s], self.layout.dp, expert_bytes);
+        let grad_reduce_s =
+            all_reduce_s(self.platform, &self.dense_group[s], self.layout.ep * self.layout.dp, dense_bytes)
+                + all_reduce_s(self.platform, &self.expert_group[s], self.layout.dp, expert_bytes);
         let params = (dense_bytes + expert_bytes) / self.cfg.grad_bytes.max(1e-9);
         let shard = if self.cfg.zero1 { (self.layout.ep * self.layout.dp) as f64 } else { 1.0 };
         // Read and write weights, gradients and optimizer states once.
@@ -240,7 +259,8 @@ impl<'a> CostModel<'a> {
 
     /// The step for a split: simulate the schedule, add the slowest stage's reduction and update.
     pub fn predict(&self, split: &StageSplit) -> StepPrediction {
-        let stages: Vec<StageTime> = split.starts().iter().zip(&split.0).enumerate().map(|(s, (f, n))| self.stage(s as u64, *f, *n)).collect();
+        let stages: Vec<StageTime> =
+            split.starts().iter().zip(&split.0).enumerate().map(|(s, (f, n))| self.stage(s as u64, *f, *n)).collect();
         let fwd: Vec<f64> = stages.iter().map(|s| s.forward_s).collect();
         let bwd: Vec<f64> = stages.iter().map(|s| s.backward_s).collect();
         let p2p: Vec<f64> = stages.iter().map(|s| s.p2p_s).collect();

@@ -2,7 +2,9 @@
 //! `num_floating_point_operations` (megatron/training/training.py, `transformer_flops`), written in its
 //! own form (expansion factor 12, ratios to d²) rather than per component as the library does.
 
-use piper_planner::model::{Attention, LayerKind, ModelSpec, active_params, param_breakdown, preset, training_flops_per_token};
+use piper_planner::model::{
+    Attention, LayerKind, ModelSpec, active_params, param_breakdown, preset, training_flops_per_token,
+};
 
 /// Megatron's formula for one token (batch_size · seq_length = 1 token).
 fn megatron_flops_per_token(spec: &ModelSpec, s: u64) -> f64 {
@@ -24,14 +26,25 @@ fn megatron_flops_per_token(spec: &ModelSpec, s: u64) -> f64 {
     let expansion = 12.0;
     let self_attn_term = match spec.attention {
         Attention::Mla { num_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim } => {
-            let (nh, qk, pe, v, kv) = (num_heads as f64, qk_nope_head_dim as f64, qk_rope_head_dim as f64, v_head_dim as f64, kv_lora_rank as f64);
+            let (nh, qk, pe, v, kv) = (
+                num_heads as f64,
+                qk_nope_head_dim as f64,
+                qk_rope_head_dim as f64,
+                v_head_dim as f64,
+                kv_lora_rank as f64,
+            );
             let q_term = match q_lora_rank {
                 None => h * nh * (qk + pe),
                 Some(r) => r as f64 * (h + nh * (qk + pe) + 1.0),
             };
             3.0 * 2.0
                 * num_layers
-                * (q_term + kv * (h + nh * (qk + v) + 1.0) + h * pe + nh * v * h + s * (nh * (qk + pe)) / 2.0 + s * nh * v / 2.0)
+                * (q_term
+                    + kv * (h + nh * (qk + v) + 1.0)
+                    + h * pe
+                    + nh * v * h
+                    + s * (nh * (qk + pe)) / 2.0
+                    + s * nh * v / 2.0)
         }
         Attention::Gqa { num_heads, num_kv_heads, head_dim, .. } => {
             let ratio = (head_dim * num_heads) as f64 / h;
@@ -51,7 +64,9 @@ fn megatron_flops_per_token(spec: &ModelSpec, s: u64) -> f64 {
 
 #[test]
 fn matches_megatron_for_gqa_mla_mtp_and_dense_layers() {
-    for name in ["mixtral-8x7b", "qwen3-235b-a22b", "deepseek-v2", "deepseek-v3", "llama4-maverick", "xmoe-super", "tiny"] {
+    for name in
+        ["mixtral-8x7b", "qwen3-235b-a22b", "deepseek-v2", "deepseek-v3", "llama4-maverick", "xmoe-super", "tiny"]
+    {
         let spec = preset(name).unwrap();
         for s in [128, 4096] {
             let ours = training_flops_per_token(&spec, s).total();

@@ -28,6 +28,10 @@ fn reproduces_table_iv() {
         let tol = if name == "deepseek-v2" { 0.01 } else { 0.005 };
         assert!((in_unit - size).abs() <= tol + 1e-9, "{name}: {in_unit:.4} vs {size}");
         // The table's latency is its size figure over 50 (units per second).
-        assert!((in_unit / 50.0 * 1e3 - latency_ms).abs() <= 0.2 + 1e-9, "{name}: {} ms vs {latency_ms}", in_unit / 50.0 * 1e3);
+        assert!(
+            (in_unit / 50.0 * 1e3 - latency_ms).abs() <= 0.2 + 1e-9,
+            "{name}: {} ms vs {latency_ms}",
+            in_unit / 50.0 * 1e3
+        );
     }
 }

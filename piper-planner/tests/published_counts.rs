@@ -28,7 +28,10 @@ fn assert_rounds_to(what: &str, got: f64, published: f64, decimals: i32) {
 /// `got` equals a figure published by cutting off after `decimals` digits.
 fn assert_truncates_to(what: &str, got: f64, published: f64, decimals: i32) {
     let unit = 10f64.powi(-decimals);
-    assert!(got >= published - 1e-9 && got < published + unit, "{what}: computed {got:.4}B, published {published}B (truncated)");
+    assert!(
+        got >= published - 1e-9 && got < published + unit,
+        "{what}: computed {got:.4}B, published {published}B (truncated)"
+    );
 }
 
 #[test]
@@ -104,7 +107,9 @@ fn gpt_oss() {
     // OpenAI, "gpt-oss-120b & gpt-oss-20b Model Card" (2025-08-05), Table 1: 120b: MLP 114.71B, attention
     // 0.96B, embed + unembed 1.16B, active 5.13B, total 116.83B; 20b: MLP 19.12B, attention 0.64B, active
     // 3.61B, total 20.91B. OpenAI's active count leaves out the input embedding.
-    for (name, mlp, attn, act, tot) in [("gpt-oss-120b", 114.71, 0.96, 5.13, 116.83), ("gpt-oss-20b", 19.12, 0.64, 3.61, 20.91)] {
+    for (name, mlp, attn, act, tot) in
+        [("gpt-oss-120b", 114.71, 0.96, 5.13, 116.83), ("gpt-oss-20b", 19.12, 0.64, 3.61, 20.91)]
+    {
         let b = param_breakdown(&preset(name).unwrap());
         assert_rounds_to("mlp", (b.routed_experts + b.router) as f64 / B, mlp, 2);
         assert_rounds_to("attention", b.attention as f64 / B, attn, 2);
@@ -136,7 +141,8 @@ fn llama4() {
 fn piper_weak_scaling_family() {
     // Piper §VII: 110B / 862B / 1.7T for E = 16 / 128 / 256; the paper counts attention (4d²) and 2-matrix
     // experts per layer, no embeddings or norms.
-    for (name, published, decimals) in [("piper-110b", 110.0, -1), ("piper-862b", 862.0, 0), ("piper-1.7t", 1700.0, -2)] {
+    for (name, published, decimals) in [("piper-110b", 110.0, -1), ("piper-862b", 862.0, 0), ("piper-1.7t", 1700.0, -2)]
+    {
         let b = param_breakdown(&preset(name).unwrap());
         assert_rounds_to(name, (b.attention + b.routed_experts) as f64 / B, published, decimals);
     }
@@ -147,7 +153,8 @@ fn xmoe_family() {
     // X-MoE (arXiv 2508.13337): Small 10.1B, Medium 55.2B, Large 201.4B, Super 545.4B, counted as
     // L·(4h² + 2·E·h·f) in units of 2³⁰.
     let gib = (1u64 << 30) as f64;
-    for (name, published) in [("xmoe-small", 10.1), ("xmoe-medium", 55.2), ("xmoe-large", 201.4), ("xmoe-super", 545.4)] {
+    for (name, published) in [("xmoe-small", 10.1), ("xmoe-medium", 55.2), ("xmoe-large", 201.4), ("xmoe-super", 545.4)]
+    {
         let b = param_breakdown(&preset(name).unwrap());
         let got = (b.attention + b.routed_experts) as f64 / gib;
         // Super's published 545.4 is 0.1 below the formula (545.5); allow one unit there.

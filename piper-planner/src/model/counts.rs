@@ -24,7 +24,15 @@ pub struct ParamBreakdown {
 
 impl ParamBreakdown {
     pub fn total(&self) -> u64 {
-        self.embedding + self.lm_head + self.attention + self.dense_mlp + self.routed_experts + self.shared_experts + self.router + self.norms + self.mtp
+        self.embedding
+            + self.lm_head
+            + self.attention
+            + self.dense_mlp
+            + self.routed_experts
+            + self.shared_experts
+            + self.router
+            + self.norms
+            + self.mtp
     }
 }
 
@@ -90,7 +98,9 @@ pub fn attention_params(spec: &ModelSpec) -> u64 {
                 Some(r) => d * r + r + r * h * qk, // q_a_proj, q_a_layernorm, q_b_proj
                 None => d * h * qk,
             };
-            let kv = d * (kv_lora_rank + qk_rope_head_dim) + kv_lora_rank + kv_lora_rank * h * (qk_nope_head_dim + v_head_dim);
+            let kv = d * (kv_lora_rank + qk_rope_head_dim)
+                + kv_lora_rank
+                + kv_lora_rank * h * (qk_nope_head_dim + v_head_dim);
             q + kv + h * v_head_dim * d
         }
     }
@@ -104,7 +114,8 @@ pub fn layer_params(spec: &ModelSpec, kind: LayerKind) -> LayerParams {
         (LayerKind::Moe, Some(moe)) => {
             p.per_expert = mlp_params(d, &moe.expert);
             p.routed_experts = moe.num_experts * p.per_expert;
-            p.shared_experts = moe.num_shared_experts * mlp_params(d, &moe.shared_expert()) + if moe.shared_expert_gate { d } else { 0 };
+            p.shared_experts = moe.num_shared_experts * mlp_params(d, &moe.shared_expert())
+                + if moe.shared_expert_gate { d } else { 0 };
             p.router = d * moe.num_experts + if moe.router_bias { moe.num_experts } else { 0 };
         }
         _ => p.dense_mlp = spec.dense_mlp.as_ref().map_or(0, |m| mlp_params(d, m)),
@@ -169,7 +180,13 @@ pub struct FlopsBreakdown {
 
 impl FlopsBreakdown {
     pub fn total(&self) -> f64 {
-        self.attention_projections + self.attention_core + self.dense_mlp + self.routed_experts + self.shared_experts + self.mtp_extra + self.logits
+        self.attention_projections
+            + self.attention_core
+            + self.dense_mlp
+            + self.routed_experts
+            + self.shared_experts
+            + self.mtp_extra
+            + self.logits
     }
 }
 
@@ -184,7 +201,13 @@ pub fn attention_forward_flops(spec: &ModelSpec, seq_len: u64) -> (f64, f64) {
             (4.0 * d * h * dh + 4.0 * d * g * dh, 2.0 * s * h * dh)
         }
         Attention::Mla { num_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim } => {
-            let (h, kv, nope, rope, v) = (num_heads as f64, kv_lora_rank as f64, qk_nope_head_dim as f64, qk_rope_head_dim as f64, v_head_dim as f64);
+            let (h, kv, nope, rope, v) = (
+                num_heads as f64,
+                kv_lora_rank as f64,
+                qk_nope_head_dim as f64,
+                qk_rope_head_dim as f64,
+                v_head_dim as f64,
+            );
             let q_term = match q_lora_rank {
                 None => d * h * (nope + rope),
                 Some(r) => r as f64 * (d + h * (nope + rope) + 1.0),

@@ -10,8 +10,18 @@ use super::spec::{Attention, LayerKind, Mlp, ModelSpec, Moe, Norm, QkNorm, Score
 use crate::error::{Error, Result};
 
 /// The `model_type` values [`from_hf_config`] understands.
-pub const SUPPORTED_MODEL_TYPES: &[&str] =
-    &["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "olmoe", "gpt_oss", "dbrx", "llama4", "llama4_text"];
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "olmoe",
+    "gpt_oss",
+    "dbrx",
+    "llama4",
+    "llama4_text",
+];
 
 /// Typed access to one JSON object, with errors that name the file and the field.
 struct Fields<'a> {
@@ -51,7 +61,10 @@ impl Fields<'_> {
     fn f64_opt(&self, key: &str) -> Result<Option<f64>> {
         match self.obj.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| Error::invalid(self.source, key, format!("must be a number, found {v}"))),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| Error::invalid(self.source, key, format!("must be a number, found {v}"))),
         }
     }
 
@@ -64,7 +77,10 @@ impl Fields<'_> {
             None | Some(Value::Null) => Ok(vec![]),
             Some(Value::Array(a)) => a
                 .iter()
-                .map(|v| v.as_u64().ok_or_else(|| Error::invalid(self.source, key, format!("must list layer indices, found {v}"))))
+                .map(|v| {
+                    v.as_u64()
+                        .ok_or_else(|| Error::invalid(self.source, key, format!("must list layer indices, found {v}")))
+                })
                 .collect(),
             Some(v) => Err(Error::invalid(self.source, key, format!("must be a list of integers, found {v}"))),
         }
@@ -101,17 +117,12 @@ pub fn from_hf_config_str(text: &str, source: &str) -> Result<ModelSpec> {
 /// Reads a parsed `config.json`.
 pub fn from_hf_config(value: &Value, source: &str) -> Result<ModelSpec> {
     let obj = value.as_object().ok_or_else(|| Error::file(source, "a config.json must hold a JSON object"))?;
-    let model_type = obj
-        .get("model_type")
-        .and_then(Value::as_str)
-        .ok_or_else(|| Error::missing(source, "model_type", Some(format!("one of {}", SUPPORTED_MODEL_TYPES.join(", ")))))?;
+    let model_type = obj.get("model_type").and_then(Value::as_str).ok_or_else(|| {
+        Error::missing(source, "model_type", Some(format!("one of {}", SUPPORTED_MODEL_TYPES.join(", "))))
+    })?;
     let top = Fields { obj, source, model_type };
-    let name = obj
-        .get("_name_or_path")
-        .or_else(|| obj.get("_name"))
-        .and_then(Value::as_str)
-        .unwrap_or(source)
-        .to_string();
+    let name =
+        obj.get("_name_or_path").or_else(|| obj.get("_name")).and_then(Value::as_str).unwrap_or(source).to_string();
     let spec = match model_type {
         "mixtral" => mixtral(&top)?,
         "qwen2_moe" | "qwen3_moe" => qwen_moe(&top)?,
@@ -172,7 +183,12 @@ fn all_moe(f: &Fields) -> Result<Vec<LayerKind>> {
 }
 
 fn mixtral(f: &Fields) -> Result<ModelSpec> {
-    let moe = softmax_moe(f.u64("num_local_experts")?, f.u64("num_experts_per_tok")?, swiglu(f.u64("intermediate_size")?), true);
+    let moe = softmax_moe(
+        f.u64("num_local_experts")?,
+        f.u64("num_experts_per_tok")?,
+        swiglu(f.u64("intermediate_size")?),
+        true,
+    );
     Ok(ModelSpec { moe: Some(moe), ..base(f, f.gqa(false, false, QkNorm::None, false)?, all_moe(f)?)? })
 }
 
@@ -182,21 +198,22 @@ fn qwen_moe(f: &Fields) -> Result<ModelSpec> {
     let every = f.u64_opt("decoder_sparse_step")?.unwrap_or(1);
     let dense = f.u64_list("mlp_only_layers")?;
     // transformers: layer i is sparse when i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
-    let layers = (0..layers_n)
-        .map(|i| if !dense.contains(&i) && every > 0 && (i + 1) % every == 0 { LayerKind::Moe } else { LayerKind::Dense })
-        .collect();
+    let layers =
+        (0..layers_n)
+            .map(|i| {
+                if !dense.contains(&i) && every > 0 && (i + 1) % every == 0 { LayerKind::Moe } else { LayerKind::Dense }
+            })
+            .collect();
     let mut moe = softmax_moe(
         f.u64("num_experts")?,
         f.u64("num_experts_per_tok")?,
         swiglu(f.u64("moe_intermediate_size")?),
         f.bool_or("norm_topk_prob", !qwen2)?,
     );
-    if qwen2 {
-        if let Some(shared) = f.u64_opt("shared_expert_intermediate_size")?.filter(|s| *s > 0) {
-            moe.num_shared_experts = 1;
-            moe.shared_expert_intermediate_size = Some(shared);
-            moe.shared_expert_gate = true;
-        }
+    if qwen2 && let Some(shared) = f.u64_opt("shared_expert_intermediate_size")?.filter(|s| *s > 0) {
+        moe.num_shared_experts = 1;
+        moe.shared_expert_intermediate_size = Some(shared);
+        moe.shared_expert_gate = true;
     }
     let attention = if qwen2 {
         f.gqa(true, false, QkNorm::None, false)?
@@ -257,7 +274,8 @@ fn olmoe(f: &Fields) -> Result<ModelSpec> {
         swiglu(f.u64("intermediate_size")?),
         f.bool_or("norm_topk_prob", false)?,
     );
-    let attention = f.gqa(f.bool_or("attention_bias", false)?, f.bool_or("attention_bias", false)?, QkNorm::PerProjection, false)?;
+    let attention =
+        f.gqa(f.bool_or("attention_bias", false)?, f.bool_or("attention_bias", false)?, QkNorm::PerProjection, false)?;
     Ok(ModelSpec { moe: Some(moe), ..base(f, attention, all_moe(f)?)? })
 }
 
@@ -267,9 +285,15 @@ fn gpt_oss(f: &Fields) -> Result<ModelSpec> {
         Some(k) => k,
         None => f.u64("experts_per_token")?,
     };
-    let mut moe = softmax_moe(experts, top_k, Mlp { intermediate_size: f.u64("intermediate_size")?, gated: true, bias: true }, true);
+    let mut moe = softmax_moe(
+        experts,
+        top_k,
+        Mlp { intermediate_size: f.u64("intermediate_size")?, gated: true, bias: true },
+        true,
+    );
     moe.router_bias = true;
-    let attention = f.gqa(f.bool_or("attention_bias", true)?, f.bool_or("attention_bias", true)?, QkNorm::None, true)?;
+    let attention =
+        f.gqa(f.bool_or("attention_bias", true)?, f.bool_or("attention_bias", true)?, QkNorm::None, true)?;
     Ok(ModelSpec { moe: Some(moe), ..base(f, attention, all_moe(f)?)? })
 }
 
@@ -288,7 +312,8 @@ fn dbrx(f: &Fields) -> Result<ModelSpec> {
         qk_norm: QkNorm::None,
         sinks: false,
     };
-    let moe = softmax_moe(ffn.u64("moe_num_experts")?, ffn.u64("moe_top_k")?, swiglu(ffn.u64("ffn_hidden_size")?), true);
+    let moe =
+        softmax_moe(ffn.u64("moe_num_experts")?, ffn.u64("moe_top_k")?, swiglu(ffn.u64("ffn_hidden_size")?), true);
     Ok(ModelSpec {
         name: String::new(),
         model_type: String::new(),
@@ -320,7 +345,8 @@ fn llama4(f: &Fields) -> Result<ModelSpec> {
     let mut moe = softmax_moe(f.u64("num_local_experts")?, f.u64("num_experts_per_tok")?, swiglu(expert_f), false);
     moe.score_function = ScoreFunction::Sigmoid;
     moe.num_shared_experts = 1;
-    let dense_mlp = if layers.contains(&LayerKind::Dense) { Some(swiglu(f.u64("intermediate_size_mlp")?)) } else { None };
+    let dense_mlp =
+        if layers.contains(&LayerKind::Dense) { Some(swiglu(f.u64("intermediate_size_mlp")?)) } else { None };
     Ok(ModelSpec { moe: Some(moe), dense_mlp, ..base(f, f.gqa(false, false, QkNorm::None, false)?, layers)? })
 }
 
@@ -337,7 +363,8 @@ mod tests {
 
     #[test]
     fn missing_field_is_named() {
-        let err = from_hf_config_str(r#"{"model_type": "mixtral", "hidden_size": 64}"#, "cfg.json").unwrap_err().to_string();
+        let err =
+            from_hf_config_str(r#"{"model_type": "mixtral", "hidden_size": 64}"#, "cfg.json").unwrap_err().to_string();
         assert!(err.starts_with("cfg.json: missing field `"), "{err}");
         assert!(err.contains("required for model_type `mixtral`"), "{err}");
     }

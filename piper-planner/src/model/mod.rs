@@ -5,6 +5,8 @@ pub mod hf;
 pub mod presets;
 pub mod spec;
 
-pub use counts::{FlopsBreakdown, LayerParams, ParamBreakdown, active_params, param_breakdown, training_flops_per_token};
+pub use counts::{
+    FlopsBreakdown, LayerParams, ParamBreakdown, active_params, param_breakdown, training_flops_per_token,
+};
 pub use presets::{preset, preset_names, resolve_model};
 pub use spec::{Attention, LayerKind, Mlp, ModelSpec, Moe, Norm, QkNorm, ScoreFunction};

@@ -55,7 +55,20 @@ pub fn preset(name: &str) -> Result<ModelSpec> {
         // Switch-Base-128 (google/switch-base-128): a T5 encoder-decoder, approximated as 24 decoder-only
         // layers (12 + 12) with every other layer MoE; ReLU experts (2 matrices), d_ff 3072, top-1. The
         // decoder's cross-attention is not modelled.
-        "switch-base-128" => plain(name, 768, 24, 12, 12, 32128, true, Some(3072), 3072, 128, 1, ModelSpec::layer_pattern(24, 0, 2, 1, &[])),
+        "switch-base-128" => plain(
+            name,
+            768,
+            24,
+            12,
+            12,
+            32128,
+            true,
+            Some(3072),
+            3072,
+            128,
+            1,
+            ModelSpec::layer_pattern(24, 0, 2, 1, &[]),
+        ),
         // Piper's weak-scaling family (Piper §VII): d 5120, d_ffn 20480, 32 layers, top-2, E grows with the
         // GPU count. The paper's sizes (110B / 862B / 1.7T) count 2 expert matrices and no embeddings.
         "piper-110b" => piper_family(name, 16),
@@ -71,7 +84,20 @@ pub fn preset(name: &str) -> Result<ModelSpec> {
         "grok-1" => gated(name, 6144, 64, 48, 8, 131072, false, 32768, 8, 2),
         // GLaM 1.2T (Du et al., 2022): 64 layers, every other one MoE with 64 experts top-2, d 8192,
         // d_ff 32768, 128 heads, 256k vocabulary; 2-matrix GELU experts assumed.
-        "glam-1.2t" => plain(name, 8192, 64, 128, 128, 256_000, true, Some(32768), 32768, 64, 2, ModelSpec::layer_pattern(64, 0, 2, 1, &[])),
+        "glam-1.2t" => plain(
+            name,
+            8192,
+            64,
+            128,
+            128,
+            256_000,
+            true,
+            Some(32768),
+            32768,
+            64,
+            2,
+            ModelSpec::layer_pattern(64, 0, 2, 1, &[]),
+        ),
         // Tiny Mixtral-style model for CPU tests and `mixtral_train --preset tiny`.
         "tiny" => gated(name, 64, 2, 4, 2, 256, false, 128, 8, 2),
         _ => return Err(Error::unknown("model preset", name, &preset_names())),
@@ -86,11 +112,9 @@ pub fn resolve_model(arg: &str) -> Result<ModelSpec> {
     let path = Path::new(arg);
     if !path.exists() {
         return preset(arg).map_err(|e| match e {
-            Error::Unknown { known, .. } => Error::Unknown {
-                what: "model (neither a file nor a preset)".into(),
-                name: arg.into(),
-                known,
-            },
+            Error::Unknown { known, .. } => {
+                Error::Unknown { what: "model (neither a file nor a preset)".into(), name: arg.into(), known }
+            }
             other => other,
         });
     }
@@ -100,9 +124,11 @@ pub fn resolve_model(arg: &str) -> Result<ModelSpec> {
 
 /// Parses a model file's text (HF config.json or native spec).
 pub fn load_model_str(text: &str, source: &str) -> Result<ModelSpec> {
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| Error::file(source, format!("not valid JSON: {e}")))?;
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| Error::file(source, format!("not valid JSON: {e}")))?;
     if value.get("model_type").and_then(|v| v.as_str()) == Some("piper") {
-        let spec: ModelSpec = serde_json::from_value(value).map_err(|e| Error::file(source, format!("not a piper model spec: {e}")))?;
+        let spec: ModelSpec =
+            serde_json::from_value(value).map_err(|e| Error::file(source, format!("not a piper model spec: {e}")))?;
         spec.validate()?;
         return Ok(spec);
     }
@@ -118,7 +144,15 @@ fn piper_family(name: &str, experts: u64) -> ModelSpec {
 }
 
 fn mha(num_heads: u64, num_kv_heads: u64, d: u64) -> Attention {
-    Attention::Gqa { num_heads, num_kv_heads, head_dim: d / num_heads, qkv_bias: false, o_bias: false, qk_norm: QkNorm::None, sinks: false }
+    Attention::Gqa {
+        num_heads,
+        num_kv_heads,
+        head_dim: d / num_heads,
+        qkv_bias: false,
+        o_bias: false,
+        qk_norm: QkNorm::None,
+        sinks: false,
+    }
 }
 
 fn moe_block(expert: Mlp, num_experts: u64, top_k: u64) -> Moe {
@@ -173,7 +207,18 @@ fn plain(
 
 /// A native Mixtral-style model: SwiGLU experts, RMSNorm, every layer MoE.
 #[allow(clippy::too_many_arguments)]
-fn gated(name: &str, d: u64, layers: u64, heads: u64, kv_heads: u64, vocab: u64, tie: bool, expert_f: u64, experts: u64, top_k: u64) -> ModelSpec {
+fn gated(
+    name: &str,
+    d: u64,
+    layers: u64,
+    heads: u64,
+    kv_heads: u64,
+    vocab: u64,
+    tie: bool,
+    expert_f: u64,
+    experts: u64,
+    top_k: u64,
+) -> ModelSpec {
     ModelSpec {
         name: name.into(),
         model_type: "piper".into(),

@@ -133,7 +133,9 @@ impl Moe {
 pub enum Norm {
     RmsNorm,
     /// LayerNorm; `bias: false` as in DBRX.
-    LayerNorm { bias: bool },
+    LayerNorm {
+        bias: bool,
+    },
 }
 
 impl Norm {
@@ -183,10 +185,19 @@ pub struct ModelSpec {
 impl ModelSpec {
     /// Builds the per-layer pattern: the first `first_k_dense` layers dense, then layer `i` is MoE when
     /// `(i - offset) % every == 0`, and any layer in `force_dense` is dense.
-    pub fn layer_pattern(num_layers: u64, first_k_dense: u64, every: u64, offset: u64, force_dense: &[u64]) -> Vec<LayerKind> {
+    pub fn layer_pattern(
+        num_layers: u64,
+        first_k_dense: u64,
+        every: u64,
+        offset: u64,
+        force_dense: &[u64],
+    ) -> Vec<LayerKind> {
         (0..num_layers)
             .map(|i| {
-                let moe = i >= first_k_dense && i >= offset && (i - offset) % every.max(1) == 0 && !force_dense.contains(&i);
+                let moe = i >= first_k_dense
+                    && i >= offset
+                    && (i - offset).is_multiple_of(every.max(1))
+                    && !force_dense.contains(&i);
                 if moe { LayerKind::Moe } else { LayerKind::Dense }
             })
             .collect()
@@ -230,7 +241,10 @@ impl ModelSpec {
             return bad("vocab_size", "must be > 0".into());
         }
         if self.layers.len() as u64 != self.num_layers {
-            return bad("layers", format!("has {} entries but the model has {} layers", self.layers.len(), self.num_layers));
+            return bad(
+                "layers",
+                format!("has {} entries but the model has {} layers", self.layers.len(), self.num_layers),
+            );
         }
         match &self.attention {
             Attention::Gqa { num_heads, num_kv_heads, head_dim, .. } => {
@@ -245,7 +259,11 @@ impl ModelSpec {
                 }
             }
             Attention::Mla { num_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, .. } => {
-                if *num_heads == 0 || *kv_lora_rank == 0 || *qk_nope_head_dim + *qk_rope_head_dim == 0 || *v_head_dim == 0 {
+                if *num_heads == 0
+                    || *kv_lora_rank == 0
+                    || *qk_nope_head_dim + *qk_rope_head_dim == 0
+                    || *v_head_dim == 0
+                {
                     return bad("kv_lora_rank", "MLA heads, ranks and head dims must be > 0".into());
                 }
             }
@@ -268,13 +286,16 @@ impl ModelSpec {
             if moe.expert.intermediate_size == 0 {
                 return bad("moe_intermediate_size", "expert width must be > 0".into());
             }
-            if let (Some(groups), Some(topk_group)) = (moe.n_group, moe.topk_group) {
-                if groups == 0 || moe.num_experts % groups != 0 || topk_group == 0 || topk_group > groups {
-                    return bad(
-                        "n_group",
-                        format!("n_group = {groups} must divide {} experts and topk_group = {topk_group} must be in 1..=n_group", moe.num_experts),
-                    );
-                }
+            if let (Some(groups), Some(topk_group)) = (moe.n_group, moe.topk_group)
+                && (groups == 0 || moe.num_experts % groups != 0 || topk_group == 0 || topk_group > groups)
+            {
+                return bad(
+                    "n_group",
+                    format!(
+                        "n_group = {groups} must divide {} experts and topk_group = {topk_group} must be in 1..=n_group",
+                        moe.num_experts
+                    ),
+                );
             }
         }
         Ok(())

@@ -31,11 +31,8 @@ impl Platform {
             return 1.0; // no work: any efficiency gives zero time
         }
         let size = ((n * k) as f64).log2();
-        let mut tables: Vec<(f64, f64)> = self
-            .gemm_efficiency
-            .iter()
-            .map(|t| (((t.n * t.k) as f64).log2(), interpolate_log(&t.points, m)))
-            .collect();
+        let mut tables: Vec<(f64, f64)> =
+            self.gemm_efficiency.iter().map(|t| (((t.n * t.k) as f64).log2(), interpolate_log(&t.points, m))).collect();
         tables.sort_by(|a, b| a.0.total_cmp(&b.0));
         let below = tables.iter().rev().find(|(s, _)| *s <= size);
         let above = tables.iter().find(|(s, _)| *s >= size);

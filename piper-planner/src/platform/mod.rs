@@ -34,10 +34,10 @@ pub fn calibrated_local_path() -> Option<PathBuf> {
 
 /// A built-in platform. `local` prefers the calibrated file when one exists.
 pub fn preset(name: &str) -> Result<Platform> {
-    if name == "local" {
-        if let Some(path) = calibrated_local_path().filter(|p| p.exists()) {
-            return load(&path);
-        }
+    if name == "local"
+        && let Some(path) = calibrated_local_path().filter(|p| p.exists())
+    {
+        return load(&path);
     }
     let (_, text) = PRESETS
         .iter()
@@ -54,7 +54,8 @@ pub fn resolve_platform(arg: &str) -> Result<Platform> {
 
 /// Reads and validates a platform TOML file.
 pub fn load(path: &Path) -> Result<Platform> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::file(path.display().to_string(), format!("cannot read: {e}")))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::file(path.display().to_string(), format!("cannot read: {e}")))?;
     parse(&text, &path.display().to_string())
 }
 
@@ -104,7 +105,8 @@ mod tests {
 
     #[test]
     fn bad_platform_names_the_field() {
-        let text = PRESETS[0].1.replace("gpu_to_nic = [0, 0, 1, 1, 2, 2, 3, 3]", "gpu_to_nic = [0, 0, 1, 1, 2, 2, 3, 9]");
+        let text =
+            PRESETS[0].1.replace("gpu_to_nic = [0, 0, 1, 1, 2, 2, 3, 3]", "gpu_to_nic = [0, 0, 1, 1, 2, 2, 3, 9]");
         let err = parse(&text, "f.toml").unwrap_err().to_string();
         assert!(err.contains("`topology.gpu_to_nic`"), "{err}");
         let text = PRESETS[0].1.replace("gpus_per_node = 8", "gpus_per_node = 8\nbogus = 1");

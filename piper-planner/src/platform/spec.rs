@@ -147,16 +147,16 @@ impl Platform {
     /// GB/s between two GPUs of one node, by local index.
     pub fn intra_gbs(&self, local_a: u64, local_b: u64) -> f64 {
         let t = &self.topology;
-        t.intra_node_gbs
-            .as_ref()
-            .map_or(t.intra_node_default_gbs, |m| m[local_a as usize][local_b as usize])
+        t.intra_node_gbs.as_ref().map_or(t.intra_node_default_gbs, |m| m[local_a as usize][local_b as usize])
     }
 
     /// The network link of a level above the node.
     pub fn link(&self, level: Level) -> Link {
         let t = &self.topology;
         match level {
-            Level::SelfRank | Level::Node => Link { node_gbs: t.intra_node_default_gbs, latency_us: t.intra_node_latency_us },
+            Level::SelfRank | Level::Node => {
+                Link { node_gbs: t.intra_node_default_gbs, latency_us: t.intra_node_latency_us }
+            }
             Level::Switch => t.switch,
             Level::Group => t.group,
             Level::System => t.system,
@@ -210,18 +210,24 @@ impl Platform {
             return bad("topology", "nics_per_node, nodes_per_switch and switches_per_group must be > 0");
         }
         if t.gpu_to_nic.len() as u64 != self.gpus_per_node || t.gpu_to_nic.iter().any(|n| *n >= t.nics_per_node) {
-            return bad("topology.gpu_to_nic", "needs one NIC index < nics_per_node for each of the gpus_per_node GPUs");
+            return bad(
+                "topology.gpu_to_nic",
+                "needs one NIC index < nics_per_node for each of the gpus_per_node GPUs",
+            );
         }
         if let Some(m) = &t.intra_node_gbs {
             let g = self.gpus_per_node as usize;
             if m.len() != g || m.iter().any(|row| row.len() != g) {
                 return bad("topology.intra_node_gbs", "must be a gpus_per_node × gpus_per_node matrix");
             }
-            if m.iter().enumerate().any(|(i, row)| row.iter().enumerate().any(|(j, v)| i != j && !(v.is_finite() && *v > 0.0))) {
+            if m.iter()
+                .enumerate()
+                .any(|(i, row)| row.iter().enumerate().any(|(j, v)| i != j && !(v.is_finite() && *v > 0.0)))
+            {
                 return bad("topology.intra_node_gbs", "off-diagonal entries must be positive GB/s");
             }
         }
-        if !(t.half_bandwidth_bytes >= 0.0) || t.intra_node_latency_us < 0.0 {
+        if t.half_bandwidth_bytes.is_nan() || t.half_bandwidth_bytes < 0.0 || t.intra_node_latency_us < 0.0 {
             return bad("topology.half_bandwidth_bytes", "latencies and half_bandwidth_bytes must be ≥ 0");
         }
         if self.gemm_efficiency.is_empty() {

@@ -1,1 +1,54 @@
-fn main() {}
+//! `piper`: size any MoE model on any platform, and pick its PP×EP×DP layout.
+
+#[macro_use]
+mod table;
+mod commands;
+
+use clap::{Parser, Subcommand};
+
+/// Resource model and planner for Mixture-of-Experts training (Piper, arXiv 2605.05049).
+///
+/// Start with `piper model --preset deepseek-v3` (parameters and FLOPs), then `piper memory` (what one
+/// layout needs per GPU, term by term), then `piper plan` (every layout searched, ranked by predicted
+/// MFU, the rejected ones with their reasons). Models: a preset name (see `piper model --list`), a
+/// Hugging Face config.json, or a native spec. Platforms: frontier, nvlink-8, local, or a TOML file
+/// (`piper-comm calibrate` writes one for the machine it runs on). Add --json for machine-readable output.
+#[derive(Parser)]
+#[command(name = "piper", version, arg_required_else_help = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Parameters (total, active, by component) and training FLOPs per token of a model.
+    Model(commands::model::Args),
+    /// Per-GPU memory of every pipeline stage for one layout: parameters, gradients, optimizer, activations.
+    Memory(commands::memory::Args),
+    /// Search PP × EP × DP layouts, micro-batching, schedules and recomputation; rank by predicted MFU.
+    Plan(commands::plan::Args),
+    /// Rebalance experts inside an expert group (hill-climbing swaps), or price Piper's worst case.
+    Migrate(commands::migrate::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Model(a) => commands::model::run(a),
+        Command::Memory(a) => commands::memory::run(a),
+        Command::Plan(a) => commands::plan::run(a),
+        Command::Migrate(a) => commands::migrate::run(a),
+    };
+    match result {
+        Ok(text) => {
+            // A closed pipe (`piper plan ... | head`) is not an error worth a panic.
+            use std::io::Write as _;
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    }
+}

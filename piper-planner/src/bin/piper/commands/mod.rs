@@ -1,0 +1,102 @@
+//! Subcommands and the arguments they share.
+
+pub mod memory;
+pub mod migrate;
+pub mod model;
+pub mod plan;
+
+use clap::ValueEnum;
+use piper_planner::comm::A2aAlgo;
+use piper_planner::layout::{Recompute, Schedule, TrainConfig};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ScheduleArg {
+    Gpipe,
+    #[value(name = "1f1b")]
+    OneFOneB,
+}
+
+impl From<ScheduleArg> for Schedule {
+    fn from(s: ScheduleArg) -> Self {
+        match s {
+            ScheduleArg::Gpipe => Schedule::GPipe,
+            ScheduleArg::OneFOneB => Schedule::OneFOneB,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum RecomputeArg {
+    None,
+    Selective,
+    Full,
+}
+
+impl From<RecomputeArg> for Recompute {
+    fn from(r: RecomputeArg) -> Self {
+        match r {
+            RecomputeArg::None => Recompute::None,
+            RecomputeArg::Selective => Recompute::Selective,
+            RecomputeArg::Full => Recompute::Full,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum AlgoArg {
+    Flat,
+    Halo,
+}
+
+impl From<AlgoArg> for A2aAlgo {
+    fn from(a: AlgoArg) -> Self {
+        match a {
+            AlgoArg::Flat => A2aAlgo::Flat,
+            AlgoArg::Halo => A2aAlgo::Halo,
+        }
+    }
+}
+
+/// Training settings shared by `memory` and `plan`.
+#[derive(clap::Args, Clone)]
+pub struct TrainArgs {
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    pub seq_len: u64,
+    /// Compute and activation dtype (its peak must be in the platform's [peak_tflops]).
+    #[arg(long, default_value = "bf16", value_parser = ["bf16", "fp16", "fp32", "fp8"])]
+    pub dtype: String,
+    /// Bytes per parameter: weights.
+    #[arg(long, default_value_t = 2.0)]
+    pub weight_bytes: f64,
+    /// Bytes per parameter: gradients.
+    #[arg(long, default_value_t = 2.0)]
+    pub grad_bytes: f64,
+    /// Bytes per parameter: optimizer states (fp32 master weight + Adam m and v = 12).
+    #[arg(long, default_value_t = 12.0)]
+    pub optimizer_bytes: f64,
+    /// Shard optimizer states over data-parallel copies (ZeRO-1).
+    #[arg(long)]
+    pub zero1: bool,
+    /// Attention without flash attention: the s² score matrix is stored.
+    #[arg(long)]
+    pub no_flash_attention: bool,
+    /// Tokens on the busiest expert rank ÷ mean (1 = balanced routing).
+    #[arg(long, default_value_t = 1.0)]
+    pub expert_imbalance: f64,
+}
+
+impl TrainArgs {
+    pub fn config(&self) -> TrainConfig {
+        TrainConfig {
+            dtype: self.dtype.clone(),
+            weight_bytes: self.weight_bytes,
+            grad_bytes: self.grad_bytes,
+            optimizer_bytes: self.optimizer_bytes,
+            zero1: self.zero1,
+            flash_attention: !self.no_flash_attention,
+            expert_imbalance: self.expert_imbalance,
+            ..TrainConfig::new(self.seq_len)
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! `piper plan`.
+
+use piper_planner::Result;
+use piper_planner::model::resolve_model;
+use piper_planner::planner::{EpDomain, PlanRequest, plan};
+use piper_planner::platform::resolve_platform;
+use piper_planner::run_plan::RunPlan;
+use serde_json::json;
+
+use super::{AlgoArg, RecomputeArg, ScheduleArg, TrainArgs};
+use crate::table::{gib, pct, secs, table};
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DomainArg {
+    Node,
+    Switch,
+    Any,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: preset name or file (HF config.json or native spec).
+    #[arg(long)]
+    model: String,
+    /// Platform: preset (frontier, nvlink-8, local) or TOML file.
+    #[arg(long, default_value = "frontier")]
+    platform: String,
+    /// GPUs (ranks) to use; PP·EP·DP must equal it.
+    #[arg(long)]
+    gpus: u64,
+    /// Sequences per optimizer step.
+    #[arg(long)]
+    global_batch: u64,
+    #[command(flatten)]
+    train: TrainArgs,
+    /// Micro-batch sizes to try (sequences per rank).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    micro_batch_sizes: Vec<u64>,
+    /// Schedules to try.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "1f1b,gpipe")]
+    schedules: Vec<ScheduleArg>,
+    /// Recomputation options to try.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "none,selective,full")]
+    recompute: Vec<RecomputeArg>,
+    /// All-to-all algorithms to try.
+    #[arg(long = "all-to-all", value_enum, value_delimiter = ',', default_value = "flat,halo")]
+    all_to_all: Vec<AlgoArg>,
+    /// How far an expert group may reach: node (default), switch (Piper's locality domain), any.
+    #[arg(long, value_enum, default_value_t = DomainArg::Node)]
+    ep_domain: DomainArg,
+    /// Fix the pipeline degree.
+    #[arg(long)]
+    pp: Option<u64>,
+    /// Fix the expert-parallel degree.
+    #[arg(long)]
+    ep: Option<u64>,
+    /// Plans to show.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+    /// Write the best plan, as the runtime reads it, to this file.
+    #[arg(long, value_name = "FILE")]
+    out: Option<std::path::PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> Result<String> {
+    let mut out = String::new();
+    let spec = resolve_model(&a.model)?;
+    let platform = resolve_platform(&a.platform)?;
+    let req = PlanRequest {
+        base: a.train.config(),
+        micro_batch_sizes: a.micro_batch_sizes.clone(),
+        schedules: a.schedules.iter().map(|s| (*s).into()).collect(),
+        recomputes: a.recompute.iter().map(|r| (*r).into()).collect(),
+        algos: a.all_to_all.iter().map(|x| (*x).into()).collect(),
+        ep_domain: match a.ep_domain {
+            DomainArg::Node => EpDomain::Node,
+            DomainArg::Switch => EpDomain::Switch,
+            DomainArg::Any => EpDomain::Any,
+        },
+        pp: a.pp,
+        ep: a.ep,
+        top: a.top,
+        ..PlanRequest::new(a.gpus, a.global_batch, a.train.seq_len)
+    };
+    if req.micro_batch_sizes.contains(&0) {
+        return Err(piper_planner::Error::invalid("plan", "--micro-batch-sizes", "sizes must be ≥ 1"));
+    }
+    let start = std::time::Instant::now();
+    let report = plan(&spec, &platform, &req)?;
+    let search_s = start.elapsed().as_secs_f64();
+    if let (Some(path), Some(best)) = (&a.out, report.plans.first()) {
+        let run = RunPlan::from_candidate(&spec, &platform.name, a.train.seq_len, &a.train.dtype, best);
+        let text = serde_json::to_string_pretty(&run).expect("json");
+        std::fs::write(path, text)
+            .map_err(|e| piper_planner::Error::file(path.display().to_string(), format!("cannot write: {e}")))?;
+    }
+    if a.json {
+        let doc = json!({
+            "model": spec.name, "platform": platform.name, "gpus": a.gpus, "global_batch": a.global_batch,
+            "seq_len": a.train.seq_len, "evaluated": report.evaluated, "search_s": search_s,
+            "plans": report.plans, "rejected": report.rejected,
+        });
+        outln!(out, "{}", serde_json::to_string_pretty(&doc).expect("json"));
+        return Ok(out);
+    }
+    outln!(
+        out,
+        "{} on {} × {} ({} GiB each), global batch {} × {} tokens: {} configurations priced in {}",
+        spec.name,
+        a.gpus,
+        platform.name,
+        platform.gpu_memory_gib,
+        a.global_batch,
+        a.train.seq_len,
+        report.evaluated,
+        secs(search_s)
+    );
+    if report.plans.is_empty() {
+        outln!(out, "no feasible plan: every layout is rejected (below).");
+    } else {
+        let mut t = table(&[
+            "#",
+            "PP",
+            "EP",
+            "DP",
+            "mbs",
+            "M",
+            "schedule",
+            "recompute",
+            "a2a",
+            "peak GiB",
+            "step",
+            "bubble",
+            "a2a share",
+            "TFLOP/s/GPU",
+            "MFU",
+        ]);
+        for (i, c) in report.plans.iter().enumerate() {
+            t.add_row(vec![
+                (i + 1).to_string(),
+                c.pp.to_string(),
+                c.ep.to_string(),
+                c.dp.to_string(),
+                c.micro_batch_size.to_string(),
+                c.num_micro_batches.to_string(),
+                c.schedule.name().into(),
+                c.recompute.name().into(),
+                c.all_to_all.name().into(),
+                gib(c.peak_memory_bytes),
+                secs(c.step_time_s),
+                pct(c.bubble_fraction),
+                pct(c.a2a_fraction),
+                format!("{:.1}", c.tflops_per_gpu),
+                pct(c.mfu),
+            ]);
+        }
+        outln!(out, "{t}");
+        let best = &report.plans[0];
+        outln!(out, "best split (layers per stage): {:?}", best.split);
+    }
+    if !report.rejected.is_empty() {
+        outln!(out, "rejected:");
+        for r in &report.rejected {
+            let what = match (r.pp, r.dp) {
+                (Some(pp), Some(dp)) => format!("PP={pp} EP={} DP={dp}", r.ep),
+                _ => format!("EP={}", r.ep),
+            };
+            outln!(out, "  {what}: {}", r.reason);
+        }
+    }
+    if let Some(path) = &a.out {
+        match report.plans.first() {
+            Some(_) => outln!(out, "plan written to {}", path.display()),
+            None => outln!(out, "no plan written to {}: nothing is feasible", path.display()),
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,221 @@
+//! The `piper` CLI's machine interface (the JSON other tools rely on) and its one-line errors.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn piper(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_piper")).args(args).output().expect("piper runs")
+}
+
+fn json(args: &[&str]) -> Value {
+    let out = piper(args);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e})"))
+}
+
+/// Runs a command that must fail; returns its stderr, which must be a single line.
+fn error_line(args: &[&str]) -> String {
+    let out = piper(args);
+    assert_eq!(out.status.code(), Some(2), "{args:?} should fail with exit code 2");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: error is not one line: {err}");
+    assert!(out.stdout.is_empty());
+    err
+}
+
+#[test]
+fn model_json_has_the_agreed_fields() {
+    let v = json(&["model", "--preset", "mixtral-8x7b", "--json"]);
+    for key in ["total_params", "active_params", "flops_per_token"] {
+        assert!(v[key].is_number(), "{key}");
+    }
+    for key in
+        ["embedding", "lm_head", "attention", "dense_mlp", "routed_experts", "shared_experts", "router", "norms", "mtp"]
+    {
+        assert!(v["params"][key].is_u64(), "params.{key}");
+    }
+    let total = v["total_params"].as_u64().unwrap();
+    let sum: u64 = v["params"].as_object().unwrap().values().map(|x| x.as_u64().unwrap()).sum();
+    assert_eq!(sum, total);
+    assert!(v["flops_convention"].as_str().unwrap().contains("Megatron"));
+}
+
+#[test]
+fn hf_config_file_gives_the_same_numbers_as_the_preset() {
+    let dir = std::env::temp_dir().join(format!("piper-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config.json");
+    std::fs::write(&path, include_str!("../presets/models/deepseek-v3.json")).unwrap();
+    let from_file = json(&["model", "--hf-config", path.to_str().unwrap(), "--seq-len", "2048", "--json"]);
+    let from_preset = json(&["model", "--preset", "deepseek-v3", "--seq-len", "2048", "--json"]);
+    assert_eq!(from_file["total_params"], from_preset["total_params"]);
+    assert_eq!(from_file["flops_per_token"], from_preset["flops_per_token"]);
+    std::fs::write(&path, "{\"model_type\": \"mixtral\", \"hidden_size\": 64").unwrap();
+    let err = error_line(&["model", "--hf-config", path.to_str().unwrap()]);
+    assert!(err.contains("not valid JSON"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn memory_json_lists_every_stage() {
+    let v = json(&[
+        "memory",
+        "--model",
+        "mixtral-8x7b",
+        "--platform",
+        "frontier",
+        "--pp",
+        "4",
+        "--ep",
+        "8",
+        "--dp",
+        "1",
+        "--micro-batch-size",
+        "1",
+        "--num-micro-batches",
+        "8",
+        "--seq-len",
+        "4096",
+        "--schedule",
+        "1f1b",
+        "--recompute",
+        "none",
+        "--json",
+    ]);
+    let stages = v["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 4);
+    for s in stages {
+        let parts: f64 = ["params_bytes", "grads_bytes", "optimizer_bytes", "activation_bytes", "overhead_bytes"]
+            .iter()
+            .map(|k| s[*k].as_f64().unwrap())
+            .sum();
+        assert!((parts - s["total_bytes"].as_f64().unwrap()).abs() < 1.0);
+    }
+    // 1F1B: stage 0 holds the most activations.
+    assert!(stages[0]["activation_bytes"].as_f64() > stages[3]["activation_bytes"].as_f64());
+}
+
+#[test]
+fn plan_json_ranks_plans_and_explains_rejections() {
+    let v = json(&[
+        "plan",
+        "--model",
+        "mixtral-8x7b",
+        "--platform",
+        "frontier",
+        "--gpus",
+        "64",
+        "--seq-len",
+        "4096",
+        "--global-batch",
+        "256",
+        "--json",
+    ]);
+    let plans = v["plans"].as_array().unwrap();
+    assert!(!plans.is_empty());
+    for p in plans {
+        for key in [
+            "pp",
+            "ep",
+            "dp",
+            "micro_batch_size",
+            "num_micro_batches",
+            "schedule",
+            "recompute",
+            "peak_memory_bytes",
+            "step_time_s",
+            "mfu",
+        ] {
+            assert!(!p[key].is_null(), "plans[].{key}");
+        }
+    }
+    let mfu: Vec<f64> = plans.iter().map(|p| p["mfu"].as_f64().unwrap()).collect();
+    assert!(mfu.windows(2).all(|w| w[0] >= w[1]));
+    assert!(v["rejected"].as_array().unwrap().iter().all(|r| r["reason"].as_str().is_some_and(|s| !s.is_empty())));
+}
+
+#[test]
+fn plan_out_writes_the_run_plan() {
+    let path = std::env::temp_dir().join(format!("piper-plan-{}.json", std::process::id()));
+    let out = piper(&[
+        "plan",
+        "--model",
+        "tiny",
+        "--platform",
+        "local",
+        "--gpus",
+        "4",
+        "--seq-len",
+        "64",
+        "--global-batch",
+        "16",
+        "--out",
+        path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run: piper_planner::run_plan::RunPlan = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(run.pp * run.ep * run.dp, 4);
+    assert_eq!(run.stages.iter().map(|s| s.num_layers).sum::<u64>(), 2);
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn migrate_json_interfaces() {
+    let v = json(&[
+        "migrate",
+        "--worst-case",
+        "--model",
+        "mixtral-8x7b",
+        "--group-size",
+        "8",
+        "--link-gbps",
+        "50",
+        "--json",
+    ]);
+    assert_eq!(v["bytes_per_gpu"].as_f64().unwrap(), 48.0 * 8.0 * 4096.0 * 14336.0 / 8.0);
+    assert!((v["time_s"].as_f64().unwrap() - v["bytes_per_gpu"].as_f64().unwrap() / 50e9).abs() < 1e-12);
+    let path = std::env::temp_dir().join(format!("piper-loads-{}.json", std::process::id()));
+    std::fs::write(&path, r#"{"loads": [100, 90, 10, 0], "placement": [0, 0, 1, 1], "model": "tiny"}"#).unwrap();
+    let v = json(&["migrate", "--loads", path.to_str().unwrap(), "--json"]);
+    for key in ["swaps", "imbalance_before", "imbalance_after", "bytes_moved", "time_s"] {
+        assert!(!v[key].is_null(), "{key}");
+    }
+    assert!(v["imbalance_after"].as_f64() < v["imbalance_before"].as_f64());
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["memory", "--model", "mixtral-8x7b", "--ep", "3"], "`--ep` EP = 3 must divide the 8 routed experts"),
+        (&["memory", "--model", "mixtral-8x7b", "--pp", "40"], "`--pp` 40 stages > 32 layers"),
+        (&["plan", "--model", "mixtral-8x7b", "--gpus", "0", "--global-batch", "8"], "`--gpus` must be ≥ 1"),
+        (&["model", "--preset", "gpt-5"], "`gpt-5` is not known"),
+        (
+            &["plan", "--model", "tiny", "--platform", "mars", "--gpus", "2", "--global-batch", "2"],
+            "platform (neither a file nor a preset) `mars`",
+        ),
+        (
+            &[
+                "plan",
+                "--model",
+                "tiny",
+                "--platform",
+                "frontier",
+                "--gpus",
+                "2",
+                "--global-batch",
+                "2",
+                "--dtype",
+                "fp8",
+            ],
+            "peak_tflops.fp8",
+        ),
+        (&["memory", "--model", "tiny", "--pp", "2", "--split", "1,2"], "`--split`"),
+    ];
+    for (args, expect) in cases {
+        let err = error_line(args);
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+}
