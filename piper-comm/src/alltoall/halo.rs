@@ -1,0 +1,200 @@
+//! HALO: hierarchical, affinity-aware, locality-optimised all-to-all (Piper §VI).
+//!
+//! Phase I, the exchange between ranks of one node, is posted first and runs beside the inter-node
+//! work. Phase II sends, per remote node, one packed message with all of this rank's blocks for that
+//! node to its relay there — the member at the same position ("rail"), so each rank drives its own,
+//! affine NIC. Phase III: each relay splits what it received and redistributes it inside its node, one
+//! remote node at a time, as soon as that node's messages have arrived.
+//!
+//! The counts travel the same paths first (to local peers directly, to relays as one vector per remote
+//! node, then redistributed), so no rank needs the whole P × P count matrix. Zero-size blocks and
+//! messages are skipped on both sides; uneven nodes wrap positions onto the smaller node.
+
+use crate::collectives::{check_counts, displacements};
+use crate::communicator::{Communicator, Pending, tags, wait_all};
+use crate::error::Result;
+use crate::topology::GroupNodes;
+
+fn u64s(bytes: &[u8]) -> Vec<usize> {
+    bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize).collect()
+}
+
+fn to_bytes(v: &[usize]) -> Vec<u8> {
+    v.iter().flat_map(|x| (*x as u64).to_le_bytes()).collect()
+}
+
+/// Remote group ranks whose traffic to this node this rank relays, by remote node (node order).
+fn relayed_sources(layout: &GroupNodes, me: usize) -> Vec<(usize, Vec<usize>)> {
+    let (my_node, _) = layout.place[me];
+    (0..layout.nodes.len())
+        .filter(|n| *n != my_node)
+        .map(|n| (n, layout.nodes[n].iter().copied().filter(|s| layout.relay(*s, my_node) == me).collect()))
+        .collect()
+}
+
+/// HALO variable all-to-all of bytes. Returns the received bytes (by source rank) and the count from
+/// each source.
+pub fn halo_all_to_all_v<C: Communicator + ?Sized>(
+    comm: &C,
+    layout: &GroupNodes,
+    send: &[u8],
+    send_counts: &[usize],
+    op: &str,
+) -> Result<(Vec<u8>, Vec<usize>)> {
+    comm.check_usable()?;
+    let n = comm.size();
+    check_counts(op, send.len(), send_counts, n)?;
+    let me = comm.rank();
+    let (my_node, _) = layout.place[me];
+    let local: Vec<usize> = layout.nodes[my_node].iter().copied().filter(|p| *p != me).collect();
+    let remote_nodes: Vec<usize> = (0..layout.nodes.len()).filter(|x| *x != my_node).collect();
+    let relayed = relayed_sources(layout, me);
+    let sdispl = displacements(send_counts);
+
+    // Counts, round 1: local peers directly; one vector per remote node to its relay.
+    let mut pending: Vec<Box<dyn Pending>> = Vec::new();
+    for &p in &local {
+        pending.push(comm.irecv(p, tags::COUNTS, 8)?);
+    }
+    for (_, sources) in &relayed {
+        for &s in sources {
+            pending.push(comm.irecv(s, tags::COUNTS, 8 * layout.nodes[my_node].len())?);
+        }
+    }
+    for &p in &local {
+        pending.push(comm.isend(p, tags::COUNTS, to_bytes(&[send_counts[p]]))?);
+    }
+    for &m in &remote_nodes {
+        let counts: Vec<usize> = layout.nodes[m].iter().map(|d| send_counts[*d]).collect();
+        pending.push(comm.isend(layout.relay(me, m), tags::COUNTS, to_bytes(&counts))?);
+    }
+    let mut got = wait_all(comm, pending, &format!("{op} (HALO counts, phases I/II)"))?.into_iter();
+    let mut recv_counts = vec![0usize; n];
+    recv_counts[me] = send_counts[me];
+    for &p in &local {
+        recv_counts[p] = u64s(&got.next().expect("one per local peer"))[0];
+    }
+    // relay_counts[(node, source)] = counts from that source to each member of my node.
+    let mut relay_counts: Vec<(usize, usize, Vec<usize>)> = Vec::new();
+    for (node, sources) in &relayed {
+        for &s in sources {
+            relay_counts.push((*node, s, u64s(&got.next().expect("one per relayed source"))));
+        }
+    }
+
+    // Counts, round 2: each relay tells each local member what its relayed sources send it.
+    let my_members = &layout.nodes[my_node];
+    let mut pending: Vec<Box<dyn Pending>> = Vec::new();
+    let mut expect_from: Vec<(usize, Vec<usize>)> = Vec::new(); // (local relay, sources it relays to me)
+    for &q in &local {
+        let sources: Vec<usize> = remote_nodes
+            .iter()
+            .flat_map(|m| layout.nodes[*m].iter().copied().filter(|s| layout.relay(*s, my_node) == q))
+            .collect();
+        if !sources.is_empty() {
+            pending.push(comm.irecv(q, tags::COUNTS, 8 * sources.len())?);
+            expect_from.push((q, sources));
+        }
+    }
+    for (pos, &d) in my_members.iter().enumerate() {
+        let counts: Vec<usize> = relay_counts.iter().map(|(_, _, c)| c[pos]).collect();
+        if d == me {
+            for ((_, s, _), c) in relay_counts.iter().zip(&counts) {
+                recv_counts[*s] = *c;
+            }
+        } else if !counts.is_empty() {
+            pending.push(comm.isend(d, tags::COUNTS, to_bytes(&counts))?);
+        }
+    }
+    let got = wait_all(comm, pending, &format!("{op} (HALO counts, phase III)"))?;
+    for ((_, sources), bytes) in expect_from.iter().zip(&got) {
+        for (s, c) in sources.iter().zip(u64s(bytes)) {
+            recv_counts[*s] = c;
+        }
+    }
+
+    // Data. Everything is posted before any wait, so rendezvous-size messages cannot deadlock.
+    let rdispl = displacements(&recv_counts);
+    let mut out = vec![0u8; recv_counts.iter().sum()];
+    out[rdispl[me]..rdispl[me] + recv_counts[me]].copy_from_slice(&send[sdispl[me]..sdispl[me] + send_counts[me]]);
+    let block = |d: usize| &send[sdispl[d]..sdispl[d] + send_counts[d]];
+
+    // Phase I: intra-node, started first.
+    let mut phase_1: Vec<Box<dyn Pending>> = Vec::new();
+    let mut phase_1_from = Vec::new();
+    for &p in local.iter().filter(|p| recv_counts[**p] > 0) {
+        phase_1.push(comm.irecv(p, tags::HALO_INTRA, recv_counts[p])?);
+        phase_1_from.push(p);
+    }
+    let mut sends: Vec<Box<dyn Pending>> = Vec::new();
+    for &p in local.iter().filter(|p| send_counts[**p] > 0) {
+        sends.push(comm.isend(p, tags::HALO_INTRA, block(p).to_vec())?);
+    }
+    // Phase III receives from local relays, one per (relay, remote node) in node order.
+    let mut phase_3: Vec<Box<dyn Pending>> = Vec::new();
+    let mut phase_3_sources: Vec<Vec<usize>> = Vec::new();
+    for &q in &local {
+        for &m in &remote_nodes {
+            let sources: Vec<usize> =
+                layout.nodes[m].iter().copied().filter(|s| layout.relay(*s, my_node) == q).collect();
+            let len: usize = sources.iter().map(|s| recv_counts[*s]).sum();
+            if len > 0 {
+                phase_3.push(comm.irecv(q, tags::HALO_REDIST, len)?);
+                phase_3_sources.push(sources);
+            }
+        }
+    }
+    // Phase II: receives from relayed sources; one packed send per remote node.
+    let mut phase_2: Vec<(usize, Vec<(usize, Vec<usize>, Box<dyn Pending>)>)> = Vec::new();
+    for (node, sources) in &relayed {
+        let mut per_node = Vec::new();
+        for &s in sources {
+            let counts =
+                relay_counts.iter().find(|(_, src, _)| *src == s).expect("counts of every relayed source").2.clone();
+            let len: usize = counts.iter().sum();
+            if len > 0 {
+                per_node.push((s, counts, comm.irecv(s, tags::HALO_INTER, len)?));
+            }
+        }
+        phase_2.push((*node, per_node));
+    }
+    for &m in &remote_nodes {
+        let packed: Vec<u8> = layout.nodes[m].iter().flat_map(|d| block(*d).iter().copied()).collect();
+        if !packed.is_empty() {
+            sends.push(comm.isend(layout.relay(me, m), tags::HALO_INTER, packed)?);
+        }
+    }
+    // Phase III: as each remote node's messages arrive, split and redistribute them.
+    for (node, per_node) in phase_2 {
+        let (meta, reqs): (Vec<(usize, Vec<usize>)>, Vec<Box<dyn Pending>>) =
+            per_node.into_iter().map(|(s, c, r)| ((s, c), r)).unzip();
+        let arrived = wait_all(comm, reqs, &format!("{op} (HALO phase II from node {node})"))?;
+        for (pos, &d) in my_members.iter().enumerate() {
+            let mut packet = Vec::new();
+            for ((s, counts), data) in meta.iter().zip(&arrived) {
+                let start: usize = counts[..pos].iter().sum();
+                let piece = &data[start..start + counts[pos]];
+                if d == me {
+                    out[rdispl[*s]..rdispl[*s] + piece.len()].copy_from_slice(piece);
+                } else {
+                    packet.extend_from_slice(piece);
+                }
+            }
+            if d != me && !packet.is_empty() {
+                sends.push(comm.isend(d, tags::HALO_REDIST, packet)?);
+            }
+        }
+    }
+    for (p, data) in phase_1_from.iter().zip(wait_all(comm, phase_1, &format!("{op} (HALO phase I)"))?) {
+        out[rdispl[*p]..rdispl[*p] + data.len()].copy_from_slice(&data);
+    }
+    for (sources, data) in phase_3_sources.iter().zip(wait_all(comm, phase_3, &format!("{op} (HALO phase III)"))?) {
+        let mut at = 0;
+        for s in sources {
+            out[rdispl[*s]..rdispl[*s] + recv_counts[*s]].copy_from_slice(&data[at..at + recv_counts[*s]]);
+            at += recv_counts[*s];
+        }
+    }
+    wait_all(comm, sends, &format!("{op} (HALO sends)"))?;
+    Ok((out, recv_counts))
+}

@@ -1,0 +1,96 @@
+//! All-to-all algorithms behind one interface: `flat` (the backend's native MPI_Alltoallv), `pairwise`
+//! (point-to-point messages to every peer) and `halo` (hierarchical, see [`halo`]), plus a host-side
+//! reference that computes what every rank must receive.
+
+pub mod dedup;
+pub mod halo;
+
+use bytemuck::Pod;
+use serde::{Deserialize, Serialize};
+
+use crate::collectives::{check_counts, exchange_counts, from_bytes, pairwise_bytes};
+use crate::communicator::Communicator;
+use crate::error::{CommError, Result};
+use crate::topology::{GroupNodes, Topology};
+
+/// An all-to-all algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algo {
+    Flat,
+    Pairwise,
+    Halo,
+}
+
+impl Algo {
+    pub const ALL: [Algo; 3] = [Algo::Flat, Algo::Pairwise, Algo::Halo];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algo::Flat => "flat",
+            Algo::Pairwise => "pairwise",
+            Algo::Halo => "halo",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Algo> {
+        Algo::ALL.into_iter().find(|a| a.name() == s).ok_or_else(|| {
+            CommError::invalid("all-to-all", "algorithm", format!("`{s}` is not one of flat, pairwise, halo"))
+        })
+    }
+}
+
+/// Runs one variable all-to-all of bytes with `algo` over `comm` (whose ranks sit as `topo` says).
+/// Returns the received bytes, grouped by source rank, and the byte count from each source.
+pub fn all_to_all_v_bytes<C: Communicator + ?Sized>(
+    algo: Algo,
+    comm: &C,
+    topo: &Topology,
+    send: &[u8],
+    send_counts: &[usize],
+    op: &str,
+) -> Result<(Vec<u8>, Vec<usize>)> {
+    check_counts(op, send.len(), send_counts, comm.size())?;
+    match algo {
+        Algo::Flat => {
+            let recv_counts = exchange_counts(comm, send_counts, op)?;
+            Ok((comm.all_to_all_v_bytes(send, send_counts, &recv_counts, op)?, recv_counts))
+        }
+        Algo::Pairwise => {
+            let recv_counts = exchange_counts(comm, send_counts, op)?;
+            Ok((pairwise_bytes(comm, send, send_counts, &recv_counts, op)?, recv_counts))
+        }
+        Algo::Halo => halo::halo_all_to_all_v(comm, &GroupNodes::new(comm, topo)?, send, send_counts, op),
+    }
+}
+
+/// Typed variable all-to-all: `send_counts` in elements. Returns elements by source and counts.
+pub fn all_to_all_v<T: Pod, C: Communicator + ?Sized>(
+    algo: Algo,
+    comm: &C,
+    topo: &Topology,
+    send: &[T],
+    send_counts: &[usize],
+    op: &str,
+) -> Result<(Vec<T>, Vec<usize>)> {
+    check_counts(op, send.len(), send_counts, comm.size())?;
+    let size = std::mem::size_of::<T>();
+    let byte_counts: Vec<usize> = send_counts.iter().map(|c| c * size).collect();
+    let (bytes, counts) = all_to_all_v_bytes(algo, comm, topo, bytemuck::cast_slice(send), &byte_counts, op)?;
+    Ok((from_bytes(&bytes), counts.iter().map(|c| c / size).collect()))
+}
+
+/// What each rank receives when rank `s` sends `sends[s]` split by `counts[s]`: the host-side reference.
+pub fn reference<T: Clone>(sends: &[Vec<T>], counts: &[Vec<usize>]) -> Vec<Vec<T>> {
+    let n = sends.len();
+    (0..n)
+        .map(|d| {
+            (0..n)
+                .flat_map(|s| {
+                    let start: usize = counts[s][..d].iter().sum();
+                    sends[s][start..start + counts[s][d]].to_vec()
+                })
+                .collect()
+        })
+        .collect()
+}

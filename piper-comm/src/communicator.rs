@@ -1,0 +1,198 @@
+//! The `Communicator` trait: a group of ranks with nonblocking point-to-point messages of bytes, plus
+//! collectives (variable all-to-all, all-reduce, all-gather, barrier) that every backend gets from the
+//! point-to-point layer and may override with native calls (MPI_Alltoallv, MPI_Allreduce).
+//!
+//! Every blocking wait has the communicator's timeout; on expiry it returns [`CommError::Timeout`] naming
+//! the operation, the group, and the world ranks that never took part — never a silent hang.
+
+use std::time::{Duration, Instant};
+
+use crate::error::{CommError, Result};
+
+/// Tags at or above this are reserved for collectives.
+pub const INTERNAL_TAG_BASE: u32 = 16384;
+/// Largest user tag (MPI guarantees tags up to 32767).
+pub const MAX_USER_TAG: u32 = INTERNAL_TAG_BASE - 1;
+
+pub(crate) mod tags {
+    use super::INTERNAL_TAG_BASE;
+    pub const COUNTS: u32 = INTERNAL_TAG_BASE;
+    pub const ALL_TO_ALL: u32 = INTERNAL_TAG_BASE + 1;
+    pub const GATHER: u32 = INTERNAL_TAG_BASE + 2;
+    pub const HALO_INTRA: u32 = INTERNAL_TAG_BASE + 10;
+    pub const HALO_INTER: u32 = INTERNAL_TAG_BASE + 11;
+    pub const HALO_REDIST: u32 = INTERNAL_TAG_BASE + 12;
+    pub const DEDUP_INTER: u32 = INTERNAL_TAG_BASE + 13;
+    pub const DEDUP_LOCAL: u32 = INTERNAL_TAG_BASE + 14;
+}
+
+/// An outstanding nonblocking send or receive.
+pub trait Pending {
+    /// Group rank of the peer.
+    fn peer(&self) -> usize;
+    /// Whether it has completed (polls the transport).
+    fn test(&mut self) -> Result<bool>;
+    /// The received bytes (empty for a send). Only after `test` returned true.
+    fn into_data(self: Box<Self>) -> Vec<u8>;
+    /// Gives up on an incomplete operation (after a timeout). The transport may keep its buffer alive.
+    fn abandon(self: Box<Self>);
+}
+
+/// A group of ranks.
+pub trait Communicator {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// Human name of the group, used in errors ("world", "node 1", "expert group 0").
+    fn group_name(&self) -> &str;
+    /// World rank of each member, by group rank.
+    fn world_ranks(&self) -> &[usize];
+    /// Limit for every blocking wait.
+    fn timeout(&self) -> Duration;
+    /// Changes the limit for every blocking wait.
+    fn set_timeout(&mut self, timeout: Duration);
+    /// Starts sending `data` to group rank `dest`. Tags above [`MAX_USER_TAG`] are reserved.
+    fn isend(&self, dest: usize, tag: u32, data: Vec<u8>) -> Result<Box<dyn Pending>>;
+    /// Starts receiving exactly `len` bytes from group rank `src`.
+    fn irecv(&self, src: usize, tag: u32, len: usize) -> Result<Box<dyn Pending>>;
+    /// New communicators for the members sharing `color`, ordered by (`key`, rank). Collective.
+    fn split(&self, color: u64, key: u64, name: &str) -> Result<Box<dyn Communicator>>;
+    /// Marks the communicator unusable after an abandoned operation.
+    fn poison(&self, op: &str);
+    /// `Err(Poisoned)` if an earlier timeout left the group unusable.
+    fn check_usable(&self) -> Result<()>;
+
+    /// Flat variable all-to-all of bytes: `send` holds the blocks for ranks 0.., `send_counts[i]` bytes
+    /// each; `recv_counts[i]` bytes come from rank i. Backends override it with a native call.
+    fn all_to_all_v_bytes(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        op: &str,
+    ) -> Result<Vec<u8>> {
+        crate::collectives::pairwise_bytes(self, send, send_counts, recv_counts, op)
+    }
+
+    /// Elementwise sum of `f32`s over the group, identical on every rank (ranks' contributions are added
+    /// in rank order). Backends may override it with a native all-reduce.
+    fn all_reduce_sum_f32(&self, data: &mut [f32], op: &str) -> Result<()> {
+        crate::collectives::all_reduce_sum_f32_by_gather(self, data, op)
+    }
+}
+
+impl<C: Communicator + ?Sized> Communicator for Box<C> {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn size(&self) -> usize {
+        (**self).size()
+    }
+    fn group_name(&self) -> &str {
+        (**self).group_name()
+    }
+    fn world_ranks(&self) -> &[usize] {
+        (**self).world_ranks()
+    }
+    fn timeout(&self) -> Duration {
+        (**self).timeout()
+    }
+    fn set_timeout(&mut self, timeout: Duration) {
+        (**self).set_timeout(timeout)
+    }
+    fn isend(&self, dest: usize, tag: u32, data: Vec<u8>) -> Result<Box<dyn Pending>> {
+        (**self).isend(dest, tag, data)
+    }
+    fn irecv(&self, src: usize, tag: u32, len: usize) -> Result<Box<dyn Pending>> {
+        (**self).irecv(src, tag, len)
+    }
+    fn split(&self, color: u64, key: u64, name: &str) -> Result<Box<dyn Communicator>> {
+        (**self).split(color, key, name)
+    }
+    fn poison(&self, op: &str) {
+        (**self).poison(op)
+    }
+    fn check_usable(&self) -> Result<()> {
+        (**self).check_usable()
+    }
+    fn all_to_all_v_bytes(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        op: &str,
+    ) -> Result<Vec<u8>> {
+        (**self).all_to_all_v_bytes(send, send_counts, recv_counts, op)
+    }
+    fn all_reduce_sum_f32(&self, data: &mut [f32], op: &str) -> Result<()> {
+        (**self).all_reduce_sum_f32(data, op)
+    }
+}
+
+/// Waits for every pending operation, polling with a short back-off, until the communicator's timeout.
+/// Returns the data of each, in order. On timeout the incomplete ones are abandoned, the communicator is
+/// poisoned, and the error names the peers that never completed.
+pub fn wait_all<C: Communicator + ?Sized>(comm: &C, pending: Vec<Box<dyn Pending>>, op: &str) -> Result<Vec<Vec<u8>>> {
+    let deadline = Instant::now() + comm.timeout();
+    let mut slots: Vec<Option<Box<dyn Pending>>> = pending.into_iter().map(Some).collect();
+    let mut done = vec![false; slots.len()];
+    let mut remaining = slots.len();
+    let mut backoff = Duration::from_micros(1);
+    while remaining > 0 {
+        let mut progressed = false;
+        for (i, slot) in slots.iter_mut().enumerate() {
+            if !done[i] && slot.as_mut().expect("pending until done").test()? {
+                done[i] = true;
+                remaining -= 1;
+                progressed = true;
+            }
+        }
+        if remaining == 0 {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let mut missing: Vec<usize> = Vec::new();
+            for (i, slot) in slots.into_iter().enumerate() {
+                let p = slot.expect("slots are kept");
+                if !done[i] {
+                    missing.push(comm.world_ranks()[p.peer()]);
+                    p.abandon();
+                }
+            }
+            missing.sort_unstable();
+            missing.dedup();
+            comm.poison(op);
+            return Err(timeout_error(comm, op, missing));
+        }
+        if progressed {
+            backoff = Duration::from_micros(1);
+        } else {
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_millis(1));
+        }
+    }
+    Ok(slots.into_iter().map(|s| s.expect("all done").into_data()).collect())
+}
+
+/// The timeout error for `op` on `comm`.
+pub fn timeout_error<C: Communicator + ?Sized>(comm: &C, op: &str, missing: Vec<usize>) -> CommError {
+    CommError::Timeout {
+        op: op.to_string(),
+        group: comm.group_name().to_string(),
+        members: comm.world_ranks().to_vec(),
+        me: comm.world_ranks()[comm.rank()],
+        missing,
+        timeout: comm.timeout(),
+    }
+}
+
+/// Checks a peer index and a user tag.
+pub fn check_peer<C: Communicator + ?Sized>(comm: &C, peer: usize, op: &str) -> Result<()> {
+    if peer >= comm.size() {
+        return Err(CommError::invalid(
+            op,
+            "peer",
+            format!("rank {peer} is outside group `{}` of {} ranks", comm.group_name(), comm.size()),
+        ));
+    }
+    Ok(())
+}
