@@ -1,0 +1,103 @@
+//! Multi-rank tests under `mpirun`: every algorithm against the host-side reference on 4 and 8 ranks
+//! over 1–4 emulated nodes (even and uneven), and a rank that never arrives (the others must name it
+//! and the job must end). Under CI (`CI=true`) a missing `mpirun` fails; elsewhere it skips, loudly.
+
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One mpirun at a time: the tests share 2 cores.
+static MPIRUN: Mutex<()> = Mutex::new(());
+
+fn mpirun_available() -> bool {
+    let ok = Command::new("mpirun")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok && std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!(
+            "mpirun is not installed, and CI must run the multi-rank tests (apt-get install openmpi-bin libopenmpi-dev)"
+        );
+    }
+    if !ok {
+        eprintln!("SKIPPED: mpirun not found (install openmpi-bin libopenmpi-dev to run the multi-rank tests)");
+    }
+    ok
+}
+
+/// Runs `mpirun -np N piper-comm ARGS`, killing it after `limit`; returns (success, stdout + stderr).
+fn launch(np: usize, args: &[&str], limit: Duration) -> (bool, String) {
+    let _one_at_a_time = MPIRUN.lock().unwrap_or_else(|e| e.into_inner());
+    let mut child = Command::new("mpirun")
+        .args([
+            "--oversubscribe",
+            "--mca",
+            "mpi_yield_when_idle",
+            "1",
+            "--mca",
+            "btl",
+            "self,vader,tcp",
+            "-np",
+            &np.to_string(),
+        ])
+        .arg(env!("CARGO_BIN_EXE_piper-comm"))
+        .args(args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mpirun starts");
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("wait on mpirun") {
+            let out = child.wait_with_output().expect("mpirun output");
+            let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+            return (status.success(), text);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("mpirun output");
+            panic!(
+                "mpirun -np {np} {args:?} hung for {limit:?}:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn algorithms_match_the_reference_under_mpirun() {
+    if !mpirun_available() {
+        return;
+    }
+    // (ranks, ranks per node): 1, 2 and 4 emulated nodes, and uneven nodes (3 + 3 + 2).
+    for (np, per_node) in [(4, 4), (4, 2), (8, 8), (8, 4), (8, 2), (8, 3)] {
+        let (ok, out) = launch(
+            np,
+            &["--ranks-per-node", &per_node.to_string(), "selftest", "--seed", &(np * 10 + per_node).to_string()],
+            Duration::from_secs(120),
+        );
+        let nodes = np.div_ceil(per_node);
+        assert!(ok, "np {np}, {per_node} per node failed:\n{out}");
+        assert!(out.contains(&format!("ALL CHECKS PASSED size={np} nodes={nodes}")), "np {np}:\n{out}");
+        assert_eq!(out.matches("OK rank").count(), np, "np {np}:\n{out}");
+    }
+}
+
+#[test]
+fn a_missing_rank_is_named_and_the_job_ends() {
+    if !mpirun_available() {
+        return;
+    }
+    let start = Instant::now();
+    let (ok, out) = launch(4, &["--timeout-s", "2", "selftest", "--absent-rank", "2"], Duration::from_secs(60));
+    assert!(!ok, "the job must fail:\n{out}");
+    assert!(out.contains("still waiting for world ranks [2]"), "{out}");
+    assert!(out.contains("barrier (failure test)") && out.contains("group `world`"), "{out}");
+    assert!(start.elapsed() < Duration::from_secs(30), "took {:?}", start.elapsed());
+}
