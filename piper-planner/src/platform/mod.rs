@@ -72,7 +72,7 @@ pub fn parse(text: &str, source: &str) -> Result<Platform> {
 
 /// Serialises a platform as TOML (the format `piper-comm calibrate` writes).
 pub fn to_toml(platform: &Platform) -> String {
-    toml::to_string_pretty(platform).expect("a platform always serialises")
+    toml::to_string(platform).expect("a platform always serialises")
 }
 
 fn one_line(s: &str) -> String {
