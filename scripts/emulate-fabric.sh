@@ -5,6 +5,7 @@
 #
 #   scripts/emulate-fabric.sh up   --nodes 4 --rate 1gbit
 #   scripts/emulate-fabric.sh run  --nodes 4 --ranks-per-node 2 [--sizes 1KiB,64KiB,1MiB] [--iters 10] [--json out.json]
+#                                  [--algos flat,halo] [--dispatch-top-k 8]
 #   scripts/emulate-fabric.sh down --nodes 4
 #   scripts/emulate-fabric.sh bench --nodes 4 --ranks-per-node 2 --rate 1gbit --json out.json   # up + run + down
 #
@@ -14,7 +15,7 @@
 set -euo pipefail
 
 cmd=${1:-}; shift || true
-NODES=2; RPN=2; RATE=1gbit; SIZES=1KiB,16KiB,64KiB,256KiB,1MiB; ITERS=10; JSON=""; ALGOS=flat,halo
+NODES=2; RPN=2; RATE=1gbit; SIZES=1KiB,16KiB,64KiB,256KiB,1MiB; ITERS=10; JSON=""; ALGOS=flat,halo; TOPK=0
 BIN=${PIPER_COMM_BIN:-target/release/piper-comm}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -25,6 +26,7 @@ while [ $# -gt 0 ]; do
     --iters) ITERS=$2; shift 2 ;;
     --algos) ALGOS=$2; shift 2 ;;
     --json) JSON=$2; shift 2 ;;
+    --dispatch-top-k) TOPK=$2; shift 2 ;;
     --bin) BIN=$2; shift 2 ;;
     *) echo "error: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -64,7 +66,7 @@ run() {
   local apps=()
   for k in $(seq 0 $((NODES - 1))); do
     [ "$k" -gt 0 ] && apps+=(":")
-    apps+=(-np "$RPN" ip netns exec "$PREFIX-n$k" "$BIN" --ranks-per-node "$RPN" bench --algos "$ALGOS" --sizes "$SIZES" --iters "$ITERS")
+    apps+=(-np "$RPN" ip netns exec "$PREFIX-n$k" "$BIN" --ranks-per-node "$RPN" bench --algos "$ALGOS" --sizes "$SIZES" --iters "$ITERS" --dispatch-top-k "$TOPK")
     [ -n "$JSON" ] && apps+=(--json "$JSON")
   done
   # mpirun runs in the switch namespace so PMIx (TCP) reaches every node namespace.

@@ -136,7 +136,7 @@ pub fn wait_all<C: Communicator + ?Sized>(comm: &C, pending: Vec<Box<dyn Pending
     let mut slots: Vec<Option<Box<dyn Pending>>> = pending.into_iter().map(Some).collect();
     let mut done = vec![false; slots.len()];
     let mut remaining = slots.len();
-    let mut backoff = Duration::from_micros(1);
+    let mut idle = Idle::new();
     while remaining > 0 {
         let mut progressed = false;
         for (i, slot) in slots.iter_mut().enumerate() {
@@ -164,10 +164,9 @@ pub fn wait_all<C: Communicator + ?Sized>(comm: &C, pending: Vec<Box<dyn Pending
             return Err(timeout_error(comm, op, missing));
         }
         if progressed {
-            backoff = Duration::from_micros(1);
+            idle = Idle::new();
         } else {
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(Duration::from_millis(1));
+            idle.pause();
         }
     }
     Ok(slots.into_iter().map(|s| s.expect("all done").into_data()).collect())
@@ -195,4 +194,31 @@ pub fn check_peer<C: Communicator + ?Sized>(comm: &C, peer: usize, op: &str) -> 
         ));
     }
     Ok(())
+}
+
+/// Waiting without starving the transport: MPI moves large (rendezvous) messages only while it is being
+/// polled, so the first milliseconds of a wait only yield the core; a long wait (another pipeline stage
+/// still computing) then sleeps in short steps.
+pub struct Idle {
+    since: std::time::Instant,
+}
+
+impl Idle {
+    pub fn new() -> Self {
+        Idle { since: std::time::Instant::now() }
+    }
+
+    pub fn pause(&mut self) {
+        if self.since.elapsed() < Duration::from_millis(20) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+impl Default for Idle {
+    fn default() -> Self {
+        Idle::new()
+    }
 }

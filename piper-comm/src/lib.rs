@@ -12,6 +12,8 @@ pub mod error;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi_backend;
+#[cfg(feature = "rccl")]
+pub mod rccl;
 pub mod topology;
 
 pub use alltoall::Algo;

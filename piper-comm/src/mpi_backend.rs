@@ -118,7 +118,7 @@ impl MpiComm {
     /// Polls a collective request until done or the deadline; on timeout the buffers are leaked.
     fn wait_collective(&self, mut p: MpiPending, keep_alive: Vec<Vec<c_int>>, op: &str) -> Result<Vec<u8>> {
         let deadline = Instant::now() + self.timeout;
-        let mut backoff = Duration::from_micros(1);
+        let mut idle = crate::communicator::Idle::new();
         while !p.test_raw()? {
             if Instant::now() >= deadline {
                 std::mem::forget(keep_alive);
@@ -126,8 +126,7 @@ impl MpiComm {
                 self.poison(op);
                 return Err(timeout_error(self, op, Vec::new()));
             }
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(Duration::from_millis(1));
+            idle.pause();
         }
         drop(keep_alive);
         Ok(std::mem::take(&mut p.buf))

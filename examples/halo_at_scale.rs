@@ -1,0 +1,29 @@
+//! HALO vs flat all-to-all at Frontier scale, on paper: the planner's communication model fed with the
+//! `frontier` platform (8 GCDs and 4 NICs per node, 4 nodes per switch, 128 per dragonfly group), one
+//! expert group spanning 16–512 nodes, 4 KiB–16 MiB per peer. Prints a table and writes JSON.
+//!
+//! `cargo run --release --example halo_at_scale -- [--json FILE]`
+
+use piper::planner::comm::{A2aAlgo, GroupShape, all_to_all_s};
+use piper::planner::platform;
+
+fn main() {
+    let json_path = std::env::args().skip_while(|a| a != "--json").nth(1);
+    let p = platform::preset("frontier").expect("frontier preset");
+    let sizes = [4096.0, 65536.0, 1048576.0, 16.0 * 1048576.0];
+    let mut rows = Vec::new();
+    println!("{:>6} {:>6} {:>10} {:>12} {:>12} {:>8}", "nodes", "ranks", "bytes/peer", "flat", "halo", "speedup");
+    for nodes in [16u64, 32, 64, 128, 256, 512] {
+        let ranks = nodes * p.gpus_per_node;
+        let shape = GroupShape::new(&p, 0, ranks, 1);
+        for b in sizes {
+            let flat = all_to_all_s(&p, &shape, b, A2aAlgo::Flat);
+            let halo = all_to_all_s(&p, &shape, b, A2aAlgo::Halo);
+            println!("{nodes:>6} {ranks:>6} {b:>10} {:>10.3}ms {:>10.3}ms {:>7.2}x", flat * 1e3, halo * 1e3, flat / halo);
+            rows.push(serde_json::json!({"nodes": nodes, "ranks": ranks, "bytes_per_peer": b, "flat_s": flat, "halo_s": halo, "speedup": flat / halo}));
+        }
+    }
+    if let Some(path) = json_path {
+        std::fs::write(&path, serde_json::to_string_pretty(&serde_json::json!({"platform": "frontier", "results": rows})).unwrap()).expect("write JSON");
+    }
+}
