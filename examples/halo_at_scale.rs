@@ -19,11 +19,20 @@ fn main() {
         for b in sizes {
             let flat = all_to_all_s(&p, &shape, b, A2aAlgo::Flat);
             let halo = all_to_all_s(&p, &shape, b, A2aAlgo::Halo);
-            println!("{nodes:>6} {ranks:>6} {b:>10} {:>10.3}ms {:>10.3}ms {:>7.2}x", flat * 1e3, halo * 1e3, flat / halo);
+            println!(
+                "{nodes:>6} {ranks:>6} {b:>10} {:>10.3}ms {:>10.3}ms {:>7.2}x",
+                flat * 1e3,
+                halo * 1e3,
+                flat / halo
+            );
             rows.push(serde_json::json!({"nodes": nodes, "ranks": ranks, "bytes_per_peer": b, "flat_s": flat, "halo_s": halo, "speedup": flat / halo}));
         }
     }
     if let Some(path) = json_path {
-        std::fs::write(&path, serde_json::to_string_pretty(&serde_json::json!({"platform": "frontier", "results": rows})).unwrap()).expect("write JSON");
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&serde_json::json!({"platform": "frontier", "results": rows})).unwrap(),
+        )
+        .expect("write JSON");
     }
 }

@@ -44,6 +44,7 @@ pub struct LocalWorld;
 
 impl LocalWorld {
     /// One communicator per rank of a new world of `size` ranks.
+    #[allow(clippy::new_ret_no_self)]
     pub fn new(size: usize) -> Vec<LocalComm> {
         let shared = Arc::new(Shared { boxes: (0..size).map(|_| Mailbox::default()).collect() });
         (0..size)

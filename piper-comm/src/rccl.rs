@@ -66,14 +66,20 @@ impl Rccl {
                 Err(e) => last = e.to_string(),
             }
         }
-        Err(CommError::invalid("RCCL", "LD_LIBRARY_PATH", format!("none of {LIBRARY_NAMES:?} could be loaded ({last}); load the ROCm module")))
+        Err(CommError::invalid(
+            "RCCL",
+            "LD_LIBRARY_PATH",
+            format!("none of {LIBRARY_NAMES:?} could be loaded ({last}); load the ROCm module"),
+        ))
     }
 
     fn bind(lib: libloading::Library) -> Result<Rccl> {
         macro_rules! sym {
             ($name:literal) => {
                 // SAFETY: the symbol has the NCCL 2.x C signature declared in `Fns`.
-                *unsafe { lib.get($name) }.map_err(|e| CommError::invalid("RCCL", "symbol", format!("{}: {e}", String::from_utf8_lossy($name))))?
+                *unsafe { lib.get($name) }.map_err(|e| {
+                    CommError::invalid("RCCL", "symbol", format!("{}: {e}", String::from_utf8_lossy($name)))
+                })?
             };
         }
         let fns = Fns {
@@ -121,7 +127,9 @@ impl DeviceComm {
         id.0.copy_from_slice(&ids[0]);
         let mut comm: Comm = std::ptr::null_mut();
         // SAFETY: valid out-pointer, id from rank 0, ranks and size from the host group.
-        rccl.check("ncclCommInitRank", unsafe { (rccl.fns.comm_init_rank)(&mut comm, host.size() as c_int, id, host.rank() as c_int) })?;
+        rccl.check("ncclCommInitRank", unsafe {
+            (rccl.fns.comm_init_rank)(&mut comm, host.size() as c_int, id, host.rank() as c_int)
+        })?;
         Ok(DeviceComm { rccl, comm, rank: host.rank(), size: host.size() })
     }
 
@@ -138,7 +146,15 @@ impl DeviceComm {
     /// # Safety
     /// `send` and `recv` must be device buffers holding the summed counts of `dtype` elements, valid
     /// until `stream` has completed the operation.
-    pub unsafe fn all_to_all_v(&self, send: *const c_void, send_counts: &[usize], recv: *mut c_void, recv_counts: &[usize], dtype: DataType, stream: *mut c_void) -> Result<()> {
+    pub unsafe fn all_to_all_v(
+        &self,
+        send: *const c_void,
+        send_counts: &[usize],
+        recv: *mut c_void,
+        recv_counts: &[usize],
+        dtype: DataType,
+        stream: *mut c_void,
+    ) -> Result<()> {
         if send_counts.len() != self.size || recv_counts.len() != self.size {
             return Err(CommError::invalid("RCCL all-to-all", "counts", format!("need {} entries", self.size)));
         }
@@ -155,11 +171,17 @@ impl DeviceComm {
             for peer in 0..self.size {
                 if send_counts[peer] > 0 {
                     let p = send.cast::<u8>().add(s_off * elem).cast();
-                    self.rccl.check("ncclSend", (f.send)(p, send_counts[peer], dtype as c_int, peer as c_int, self.comm, stream))?;
+                    self.rccl.check(
+                        "ncclSend",
+                        (f.send)(p, send_counts[peer], dtype as c_int, peer as c_int, self.comm, stream),
+                    )?;
                 }
                 if recv_counts[peer] > 0 {
                     let p = recv.cast::<u8>().add(r_off * elem).cast();
-                    self.rccl.check("ncclRecv", (f.recv)(p, recv_counts[peer], dtype as c_int, peer as c_int, self.comm, stream))?;
+                    self.rccl.check(
+                        "ncclRecv",
+                        (f.recv)(p, recv_counts[peer], dtype as c_int, peer as c_int, self.comm, stream),
+                    )?;
                 }
                 s_off += send_counts[peer];
                 r_off += recv_counts[peer];
@@ -174,7 +196,12 @@ impl DeviceComm {
     /// `data` must be a device buffer of `count` f32s, valid until `stream` has completed.
     pub unsafe fn all_reduce_sum_f32(&self, data: *mut c_void, count: usize, stream: *mut c_void) -> Result<()> {
         // SAFETY: per the caller's guarantee.
-        unsafe { self.rccl.check("ncclAllReduce", (self.rccl.fns.all_reduce)(data, data, count, DataType::Float32 as c_int, NCCL_SUM, self.comm, stream)) }
+        unsafe {
+            self.rccl.check(
+                "ncclAllReduce",
+                (self.rccl.fns.all_reduce)(data, data, count, DataType::Float32 as c_int, NCCL_SUM, self.comm, stream),
+            )
+        }
     }
 }
 

@@ -15,6 +15,9 @@ use crate::communicator::{Communicator, Pending, tags, wait_all};
 use crate::error::Result;
 use crate::topology::GroupNodes;
 
+/// Phase II receives of one remote node: (source, its counts to each member here, the receive).
+type NodeReceives = Vec<(usize, Vec<usize>, Box<dyn Pending>)>;
+
 fn u64s(bytes: &[u8]) -> Vec<usize> {
     bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize).collect()
 }
@@ -145,7 +148,7 @@ pub fn halo_all_to_all_v<C: Communicator + ?Sized>(
         }
     }
     // Phase II: receives from relayed sources; one packed send per remote node.
-    let mut phase_2: Vec<(usize, Vec<(usize, Vec<usize>, Box<dyn Pending>)>)> = Vec::new();
+    let mut phase_2: Vec<(usize, NodeReceives)> = Vec::new();
     for (node, sources) in &relayed {
         let mut per_node = Vec::new();
         for &s in sources {
@@ -166,8 +169,12 @@ pub fn halo_all_to_all_v<C: Communicator + ?Sized>(
     }
     // Phase III: as each remote node's messages arrive, split and redistribute them.
     for (node, per_node) in phase_2 {
-        let (meta, reqs): (Vec<(usize, Vec<usize>)>, Vec<Box<dyn Pending>>) =
-            per_node.into_iter().map(|(s, c, r)| ((s, c), r)).unzip();
+        let mut meta: Vec<(usize, Vec<usize>)> = Vec::new();
+        let mut reqs: Vec<Box<dyn Pending>> = Vec::new();
+        for (s, c, r) in per_node {
+            meta.push((s, c));
+            reqs.push(r);
+        }
         let arrived = wait_all(comm, reqs, &format!("{op} (HALO phase II from node {node})"))?;
         for (pos, &d) in my_members.iter().enumerate() {
             let mut packet = Vec::new();

@@ -151,11 +151,11 @@ fn dispatch<C: Communicator>(world: &C, topo: &Topology, a: &Args) -> Result<Vec
     // Expanded copies grouped by destination rank (what a flat dispatch sends).
     let mut counts = vec![0usize; n];
     let mut expanded = Vec::new();
-    for d in 0..n {
+    for (d, count) in counts.iter_mut().enumerate() {
         for (t, ds) in dests.iter().enumerate() {
             for _ in ds.iter().filter(|x| **x == d) {
                 expanded.extend_from_slice(&rows[t * a.row_bytes..(t + 1) * a.row_bytes]);
-                counts[d] += a.row_bytes;
+                *count += a.row_bytes;
             }
         }
     }

@@ -41,7 +41,7 @@ fn main() {
         Ok(x) => x,
         Err(e) => fail(&e.to_string()),
     };
-    if !(cli.timeout_s > 0.0) {
+    if cli.timeout_s.is_nan() || cli.timeout_s <= 0.0 {
         fail("`--timeout-s` must be a positive number of seconds");
     }
     world.set_timeout(std::time::Duration::from_secs_f64(cli.timeout_s));

@@ -31,7 +31,7 @@ fn mix(mut x: u64) -> u64 {
 fn count(kind: &str, seed: u64, case: u64, n: usize, s: usize, d: usize) -> usize {
     let r = mix(seed ^ (case << 32) ^ ((s as u64) << 16) ^ d as u64);
     match kind {
-        "random" => (r % 97) as usize * usize::from(r % 5 != 0), // some zeros
+        "random" => (r % 97) as usize * usize::from(!r.is_multiple_of(5)), // some zeros
         "skewed" => {
             if d == case as usize % n {
                 257
