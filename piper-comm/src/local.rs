@@ -3,8 +3,8 @@
 //! runs SPMD code on N threads (tests of the algorithms without mpirun, and any-size emulation).
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,9 +15,18 @@ use crate::error::{CommError, Result};
 
 type Key = (u64, usize, u32); // (communicator id, source world rank, tag)
 
+/// Messages to one rank. As in MPI, messages with the same key match receives in the order the
+/// receives were posted: the n-th send of a key is taken by the n-th receive posted for it.
 #[derive(Default)]
 struct Mailbox {
-    queue: Mutex<HashMap<Key, VecDeque<Vec<u8>>>>,
+    queue: Mutex<HashMap<Key, Channel>>,
+}
+
+#[derive(Default)]
+struct Channel {
+    sent: u64,
+    posted: u64,
+    messages: HashMap<u64, Vec<u8>>,
 }
 
 struct Shared {
@@ -97,6 +106,7 @@ struct LocalRecv {
     shared: Arc<Shared>,
     me_world: usize,
     key: Key,
+    ticket: u64,
     peer: usize,
     len: usize,
     data: Option<Vec<u8>>,
@@ -111,7 +121,7 @@ impl Pending for LocalRecv {
             return Ok(true);
         }
         let mut q = self.shared.boxes[self.me_world].queue.lock().expect("mailbox lock");
-        if let Some(msg) = q.get_mut(&self.key).and_then(VecDeque::pop_front) {
+        if let Some(msg) = q.get_mut(&self.key).and_then(|c| c.messages.remove(&self.ticket)) {
             if msg.len() != self.len {
                 return Err(CommError::invalid(
                     "receive",
@@ -159,19 +169,22 @@ impl Communicator for LocalComm {
         check_peer(self, dest, "send")?;
         let key = (self.id, self.world_ranks[self.rank], tag);
         let mut q = self.shared.boxes[self.world_ranks[dest]].queue.lock().expect("mailbox lock");
-        q.entry(key).or_default().push_back(data);
+        let channel = q.entry(key).or_default();
+        channel.messages.insert(channel.sent, data);
+        channel.sent += 1;
         Ok(Box::new((dest, Done)))
     }
     fn irecv(&self, src: usize, tag: u32, len: usize) -> Result<Box<dyn Pending>> {
         check_peer(self, src, "receive")?;
-        Ok(Box::new(LocalRecv {
-            shared: self.shared.clone(),
-            me_world: self.world_ranks[self.rank],
-            key: (self.id, self.world_ranks[src], tag),
-            peer: src,
-            len,
-            data: None,
-        }))
+        let me_world = self.world_ranks[self.rank];
+        let key = (self.id, self.world_ranks[src], tag);
+        let ticket = {
+            let mut q = self.shared.boxes[me_world].queue.lock().expect("mailbox lock");
+            let channel = q.entry(key).or_default();
+            channel.posted += 1;
+            channel.posted - 1
+        };
+        Ok(Box::new(LocalRecv { shared: self.shared.clone(), me_world, key, ticket, peer: src, len, data: None }))
     }
     fn split(&self, color: u64, key: u64, name: &str) -> Result<Box<dyn Communicator>> {
         let all = all_gather(self, &[color, key], &format!("split into `{name}`"))?;
