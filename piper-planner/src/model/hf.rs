@@ -134,7 +134,14 @@ pub fn from_hf_config(value: &Value, source: &str) -> Result<ModelSpec> {
         "llama4_text" => llama4(&top)?,
         other => return Err(Error::unknown("model_type", other, SUPPORTED_MODEL_TYPES)),
     };
-    let spec = ModelSpec { name, model_type: model_type.to_string(), ..spec };
+    let fields = if model_type == "llama4" { top.nested("text_config")? } else { Fields { obj, source, model_type } };
+    let spec = ModelSpec {
+        name,
+        model_type: model_type.to_string(),
+        rope_theta: fields.f64_opt("rope_theta")?,
+        norm_eps: fields.f64_opt("rms_norm_eps")?.or(fields.f64_opt("layer_norm_epsilon")?),
+        ..spec
+    };
     spec.validate()?;
     Ok(spec)
 }
@@ -154,6 +161,8 @@ fn base(f: &Fields, attention: Attention, layers: Vec<LayerKind>) -> Result<Mode
         moe: None,
         layers,
         mtp_depth: 0,
+        rope_theta: None,
+        norm_eps: None,
     })
 }
 
@@ -327,6 +336,8 @@ fn dbrx(f: &Fields) -> Result<ModelSpec> {
         moe: Some(moe),
         layers: vec![LayerKind::Moe; layers_n as usize],
         mtp_depth: 0,
+        rope_theta: None,
+        norm_eps: None,
     })
 }
 

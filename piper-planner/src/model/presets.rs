@@ -39,6 +39,8 @@ const NATIVE_PRESETS: &[&str] = &[
     "grok-1",
     "glam-1.2t",
     "tiny",
+    "tiny-qwen3",
+    "tiny-deepseek",
 ];
 
 /// All preset names.
@@ -100,6 +102,29 @@ pub fn preset(name: &str) -> Result<ModelSpec> {
         ),
         // Tiny Mixtral-style model for CPU tests and `mixtral_train --preset tiny`.
         "tiny" => gated(name, 64, 2, 4, 2, 256, false, 128, 8, 2),
+        // Tiny Qwen3-MoE-style model: per-head q/k norms, 16 experts top-4, renormalised top-k.
+        "tiny-qwen3" => {
+            let mut spec = gated(name, 64, 2, 4, 2, 256, false, 64, 16, 4);
+            if let Attention::Gqa { qk_norm, .. } = &mut spec.attention {
+                *qk_norm = QkNorm::PerHead;
+            }
+            spec
+        }
+        // Tiny DeepSeek-style model (GQA attention instead of MLA): a dense first layer, 32 fine-grained
+        // experts top-6 in 4 groups (2 per token), 1 shared expert, sigmoid scores with a selection bias.
+        "tiny-deepseek" => {
+            let mut spec = gated(name, 64, 3, 4, 2, 256, false, 32, 32, 6);
+            spec.layers[0] = LayerKind::Dense;
+            spec.dense_mlp = Some(Mlp { intermediate_size: 192, gated: true, bias: false });
+            let moe = spec.moe.as_mut().expect("gated() builds an MoE block");
+            moe.num_shared_experts = 1;
+            moe.score_function = ScoreFunction::Sigmoid;
+            moe.router_bias = true;
+            moe.n_group = Some(4);
+            moe.topk_group = Some(2);
+            moe.routed_scaling_factor = Some(2.5);
+            spec
+        }
         _ => return Err(Error::unknown("model preset", name, &preset_names())),
     };
     spec.validate()?;
@@ -202,6 +227,8 @@ fn plain(
         moe: Some(moe_block(mlp(expert_f), experts, top_k)),
         layers: pattern,
         mtp_depth: 0,
+        rope_theta: None,
+        norm_eps: None,
     }
 }
 
@@ -232,6 +259,8 @@ fn gated(
         moe: Some(moe_block(Mlp { intermediate_size: expert_f, gated: true, bias: false }, experts, top_k)),
         layers: all_moe(layers),
         mtp_depth: 0,
+        rope_theta: None,
+        norm_eps: None,
     }
 }
 

@@ -180,6 +180,12 @@ pub struct ModelSpec {
     /// DeepSeek-V3 multi-token-prediction depth (extra modules after the last layer).
     #[serde(default)]
     pub mtp_depth: u64,
+    /// Rotary embedding base (`rope_theta`), when the config gives one.
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    /// Normalisation epsilon (`rms_norm_eps`), when the config gives one.
+    #[serde(default)]
+    pub norm_eps: Option<f64>,
 }
 
 impl ModelSpec {

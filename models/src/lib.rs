@@ -1,0 +1,128 @@
+//! # piper-models
+//!
+//! Model definitions built from the planner's [`ModelSpec`] — the same type the resource model reads
+//! from a Hugging Face `config.json` or a preset — so a model the planner sizes is the model that trains.
+//! Families: Mixtral (softmax top-2), Qwen3-MoE (per-head q/k norms, renormalised top-k) and
+//! DeepSeek-style (fine-grained experts, shared experts, sigmoid scores with a selection bias,
+//! group-limited routing, routed scaling, dense first layers).
+
+use piper_burn::attention::AttentionConfig;
+use piper_burn::decoder::DecoderLayerConfig;
+use piper_burn::mlp::MlpConfig;
+use piper_burn::moe::MoeBlockConfig;
+use piper_burn::router::{GroupScore, RouterConfig, Scoring};
+use piper_burn::CausalLmConfig;
+use piper_planner::model::{Attention, LayerKind, ModelSpec, QkNorm, ScoreFunction};
+
+pub use piper_planner::model::{preset, resolve_model};
+
+/// Why a spec cannot be built as a Burn model (yet).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unsupported {
+    pub model: String,
+    pub field: String,
+    pub why: String,
+}
+
+impl std::fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "model `{}`: `{}` {}", self.model, self.field, self.why)
+    }
+}
+
+impl std::error::Error for Unsupported {}
+
+/// The Burn configuration of a spec.
+pub fn lm_config(spec: &ModelSpec) -> Result<CausalLmConfig, Unsupported> {
+    let unsupported = |field: &str, why: &str| Unsupported { model: spec.name.clone(), field: field.into(), why: why.into() };
+    let to = |v: u64| v as usize;
+    let d = to(spec.hidden_size);
+    let eps = spec.norm_eps.unwrap_or(1e-6);
+    let attention = match &spec.attention {
+        Attention::Gqa { num_heads, num_kv_heads, head_dim, qkv_bias, o_bias, qk_norm, sinks } => {
+            if *qkv_bias || *o_bias || *sinks {
+                return Err(unsupported("attention_bias", "(q/k/v/o biases, sinks) is not implemented in piper-burn yet"));
+            }
+            if *qk_norm == QkNorm::PerProjection {
+                return Err(unsupported("qk_norm", "over whole projections (OLMoE) is not implemented in piper-burn yet"));
+            }
+            AttentionConfig::new(d, to(*num_heads), to(*num_kv_heads), to(*head_dim))
+                .with_rope_theta(spec.rope_theta.unwrap_or(10000.0))
+                .with_qk_norm(*qk_norm == QkNorm::PerHead)
+                .with_norm_eps(eps)
+        }
+        Attention::Mla { .. } => return Err(unsupported("kv_lora_rank", "(multi-head latent attention) is not implemented in piper-burn yet; use a GQA model")),
+    };
+    let mut layers = Vec::new();
+    for kind in &spec.layers {
+        let layer = DecoderLayerConfig::new(attention.clone()).with_norm_eps(eps);
+        let layer = match (kind, &spec.moe) {
+            (LayerKind::Moe, Some(moe)) => {
+                if !moe.expert.gated || moe.expert.bias {
+                    return Err(unsupported("expert", "must be a bias-free gated (SwiGLU) MLP in piper-burn"));
+                }
+                let scoring = match moe.score_function {
+                    ScoreFunction::Softmax => Scoring::Softmax,
+                    ScoreFunction::Sigmoid => Scoring::Sigmoid,
+                };
+                if moe.router_bias && scoring == Scoring::Softmax {
+                    return Err(unsupported("router_bias", "on a softmax router (gpt-oss) is not implemented in piper-burn yet"));
+                }
+                let router = RouterConfig::new(d, to(moe.num_experts), to(moe.top_k))
+                    .with_scoring(scoring)
+                    .with_norm_topk_prob(moe.norm_topk_prob)
+                    .with_num_groups(moe.n_group.map(to))
+                    .with_topk_groups(moe.topk_group.map(to))
+                    .with_group_score(if spec.model_type == "deepseek_v2" { GroupScore::Max } else { GroupScore::TopTwoSum })
+                    .with_routed_scaling(moe.routed_scaling_factor.unwrap_or(1.0))
+                    .with_selection_bias(moe.router_bias);
+                let shared = moe.shared_expert();
+                layer.with_moe(Some(
+                    MoeBlockConfig::new(router, to(moe.expert.intermediate_size))
+                        .with_num_shared(to(moe.num_shared_experts))
+                        .with_shared_ffn(to(shared.intermediate_size))
+                        .with_shared_gate(moe.shared_expert_gate),
+                ))
+            }
+            _ => {
+                let mlp = spec.dense_mlp.as_ref().ok_or_else(|| unsupported("intermediate_size", "is needed for dense layers"))?;
+                if !mlp.gated {
+                    return Err(unsupported("dense_mlp", "must be a gated (SwiGLU) MLP in piper-burn"));
+                }
+                layer.with_dense(Some(MlpConfig::new(d, to(mlp.intermediate_size))))
+            }
+        };
+        layers.push(layer);
+    }
+    if spec.mtp_depth > 0 {
+        return Err(unsupported("num_nextn_predict_layers", "(multi-token prediction) is not implemented in piper-burn yet"));
+    }
+    Ok(CausalLmConfig::new(to(spec.vocab_size), d, layers).with_tie_embeddings(spec.tie_embeddings).with_norm_eps(eps))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::prelude::*;
+    use burn::module::Module;
+
+    #[test]
+    fn presets_build_and_count_the_planners_parameters() {
+        // The Burn model has exactly the parameters the planner counts, except DeepSeek's selection bias,
+        // which the planner counts (HF stores it as a parameter) and piper-burn keeps as a non-trained
+        // constant updated from the load.
+        for name in ["tiny", "tiny-qwen3", "tiny-deepseek"] {
+            let spec = preset(name).unwrap();
+            let model = lm_config(&spec).unwrap().init(&Device::flex());
+            let b = piper_planner::model::param_breakdown(&spec);
+            let bias = spec.moe.as_ref().filter(|m| m.router_bias).map_or(0, |m| m.num_experts * spec.num_moe_layers());
+            assert_eq!(model.num_params(), (b.total() - bias) as usize, "{name}");
+        }
+    }
+
+    #[test]
+    fn unsupported_specs_name_the_field() {
+        let err = lm_config(&preset("deepseek-v3").unwrap()).unwrap_err().to_string();
+        assert!(err.contains("`kv_lora_rank`"), "{err}");
+    }
+}

@@ -1,0 +1,112 @@
+//! Dropless, padding-free dispatch: the `t · k` (token, expert) copies sorted by expert with counts,
+//! gathered into one buffer of exactly `t · k` rows, and the weighted combine back to tokens.
+//!
+//! Legend: t = tokens, d = model width, k = experts per token, e = experts, p = permuted rows (t · k).
+
+use burn::prelude::*;
+
+/// Where each permuted row comes from. Built on the host (the counts decide the expert GEMM shapes).
+#[derive(Debug, Clone)]
+pub struct DispatchPlan {
+    /// Token of each permuted row `[p]`.
+    pub token_p: Tensor<1, Int>,
+    /// Flat (token · k + slot) index of each permuted row `[p]`, to fetch its combine weight.
+    pub slot_p: Tensor<1, Int>,
+    /// Rows per expert, in expert order (sums to p; zeros allowed).
+    pub counts_e: Vec<usize>,
+}
+
+impl DispatchPlan {
+    /// Sorts the copies by expert (stable: token order inside an expert).
+    ///
+    /// # Shapes
+    /// - `topk_idx_tk`: `[t, k]`
+    pub fn new(topk_idx_tk: &Tensor<2, Int>, num_experts: usize) -> Self {
+        let [_, k] = topk_idx_tk.dims();
+        let experts: Vec<i64> = topk_idx_tk.to_data().convert::<i64>().try_to_vec::<i64>().expect("int tensor data");
+        let mut counts_e = vec![0usize; num_experts];
+        for &x in &experts {
+            counts_e[x as usize] += 1;
+        }
+        let mut next: Vec<usize> = counts_e.iter().scan(0, |acc, c| {
+            let start = *acc;
+            *acc += c;
+            Some(start)
+        }).collect();
+        let p = experts.len();
+        let mut slot = vec![0i64; p];
+        for (flat, &x) in experts.iter().enumerate() {
+            slot[next[x as usize]] = flat as i64;
+            next[x as usize] += 1;
+        }
+        let token: Vec<i64> = slot.iter().map(|s| s / k as i64).collect();
+        let device = topk_idx_tk.device();
+        DispatchPlan {
+            token_p: Tensor::from_data(TensorData::new(token, [p]), &device),
+            slot_p: Tensor::from_data(TensorData::new(slot, [p]), &device),
+            counts_e,
+        }
+    }
+
+    pub fn num_rows(&self) -> usize {
+        self.counts_e.iter().sum()
+    }
+}
+
+/// Gathers each copy's token row: `x_pd[i] = x_td[token_p[i]]`.
+pub fn permute(x_td: Tensor<2>, plan: &DispatchPlan) -> Tensor<2> {
+    kernels_cubecl::permute_rows(x_td, plan.token_p.clone())
+}
+
+/// Weighted combine: `out_td[token_p[i]] += topk_w[slot_p[i]] · y_pd[i]`.
+pub fn combine(y_pd: Tensor<2>, topk_w_tk: Tensor<2>, plan: &DispatchPlan, num_tokens: usize) -> Tensor<2> {
+    let [t, k] = topk_w_tk.dims();
+    let w_p = topk_w_tk.reshape([t * k]).select(0, plan.slot_p.clone());
+    kernels_cubecl::combine_rows(y_pd, w_p, plan.token_p.clone(), num_tokens)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(v: Vec<i64>, shape: [usize; 2], device: &Device) -> Tensor<2, Int> {
+        Tensor::from_data(TensorData::new(v, shape), device)
+    }
+
+    #[test]
+    fn plan_sorts_by_expert_and_counts_zero_experts() {
+        let device = Device::flex();
+        // 3 tokens, top-2, 4 experts; expert 3 gets nothing.
+        let plan = DispatchPlan::new(&ints(vec![2, 0, 0, 1, 2, 1], [3, 2], &device), 4);
+        assert_eq!(plan.counts_e, vec![2, 2, 2, 0]);
+        let slots: Vec<i64> = plan.slot_p.to_data().convert::<i64>().try_to_vec().unwrap();
+        assert_eq!(slots, vec![1, 2, 3, 5, 0, 4]);
+        let tokens: Vec<i64> = plan.token_p.to_data().convert::<i64>().try_to_vec().unwrap();
+        assert_eq!(tokens, vec![0, 1, 1, 2, 0, 2]);
+    }
+
+    #[test]
+    fn permute_then_combine_with_unit_weights_is_k_times_identity_and_so_is_its_gradient() {
+        let device = Device::flex().autodiff();
+        let x = Tensor::<2>::random([5, 3], burn::tensor::Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let idx = ints(vec![0, 3, 3, 1, 2, 0, 1, 1, 0, 2], [5, 2], &device);
+        let plan = DispatchPlan::new(&idx, 4);
+        let w = Tensor::<2>::ones([5, 2], &device) / 2.0;
+        let y = combine(permute(x.clone(), &plan), w, &plan, 5);
+        let xv: Vec<f32> = x.to_data().try_to_vec().unwrap();
+        let yv: Vec<f32> = y.to_data().try_to_vec().unwrap();
+        for (a, b) in xv.iter().zip(&yv) {
+            assert!((a - b).abs() < 1e-6);
+        }
+        let grads = y.sum().backward();
+        let g: Vec<f32> = x.grad(&grads).unwrap().to_data().try_to_vec().unwrap();
+        assert!(g.iter().all(|v| (v - 1.0).abs() < 1e-6), "{g:?}");
+    }
+
+    #[test]
+    fn all_tokens_to_one_expert() {
+        let device = Device::flex();
+        let plan = DispatchPlan::new(&ints(vec![2; 8], [8, 1], &device), 4);
+        assert_eq!(plan.counts_e, vec![0, 0, 8, 0]);
+    }
+}

@@ -1,0 +1,59 @@
+//! Router losses: the Switch/Mixtral load-balancing auxiliary loss and the router z-loss.
+//!
+//! Legend: t = tokens, e = experts, k = experts per token.
+
+use burn::prelude::*;
+
+/// Load-balancing loss as Hugging Face's Mixtral `load_balancing_loss_func`: `E · Σ_e f_e · P_e`, with
+/// `f_e` the tokens routed to expert e over the tokens (top-k copies counted) and `P_e` the mean router
+/// probability of e. Uniform routing gives k; a router sending everything to one expert gives E·k·P_e.
+///
+/// # Shapes
+/// - `probs_te`: softmax over all experts `[t, e]`; `topk_idx_tk`: `[t, k]`
+pub fn load_balancing_loss(probs_te: Tensor<2>, topk_idx_tk: Tensor<2, Int>) -> Tensor<1> {
+    let [t, e] = probs_te.dims();
+    let one_hot_tke: Tensor<3> = topk_idx_tk.one_hot::<3>(e).float();
+    let f_e = one_hot_tke.sum_dim(1).sum_dim(0).reshape([e]) / t as f64;
+    let p_e = probs_te.mean_dim(0).reshape([e]);
+    (f_e * p_e).sum() * e as f64
+}
+
+/// Router z-loss (ST-MoE): mean over tokens of `logsumexp(logits)²`.
+///
+/// # Shapes
+/// - `logits_te`: `[t, e]`
+pub fn z_loss(logits_te: Tensor<2>) -> Tensor<1> {
+    let max_t1 = logits_te.clone().max_dim(1).detach();
+    let lse_t1 = (logits_te - max_t1.clone()).exp().sum_dim(1).log() + max_t1;
+    lse_t1.powi_scalar(2).mean()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn balanced_routing_gives_top_k_and_collapse_is_penalised() {
+        let device = Device::flex();
+        // 4 tokens, 4 experts, top-1, each token to its own expert with uniform probabilities.
+        let probs = Tensor::<2>::full([4, 4], 0.25, &device);
+        let idx = Tensor::<2, Int>::from_data(TensorData::new(vec![0i64, 1, 2, 3], [4, 1]), &device);
+        let balanced: f32 = load_balancing_loss(probs, idx).into_scalar();
+        assert!((balanced - 1.0).abs() < 1e-6);
+        // All tokens to expert 0 with probability 1 there: E · 1 · 1 = 4.
+        let probs = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 0.0, 0.0, 0.0].repeat(4), [4, 4]), &device);
+        let idx = Tensor::<2, Int>::zeros([4, 1], &device);
+        let collapsed: f32 = load_balancing_loss(probs, idx).into_scalar();
+        assert!((collapsed - 4.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn z_loss_matches_the_closed_form() {
+        let device = Device::flex();
+        let logits = Tensor::<2>::from_data(TensorData::new(vec![0.0f32, 0.0, 100.0, 100.0], [2, 2]), &device);
+        let z: f32 = z_loss(logits).into_scalar();
+        let l0 = (2.0f32).ln();
+        let l1 = 100.0 + (2.0f32).ln();
+        assert!((z - (l0 * l0 + l1 * l1) / 2.0).abs() < 1e-2, "{z}");
+    }
+}

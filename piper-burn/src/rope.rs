@@ -1,0 +1,78 @@
+//! Rotary position embedding in the Hugging Face convention (`rotate_half`: the first and second halves
+//! of each head are the two coordinates of a pair).
+//!
+//! Legend: b = batch, h = heads, s = sequence, k = head dim (`x_bhsk`).
+
+use burn::prelude::*;
+
+/// Rotary embedding settings.
+#[derive(Config, Debug)]
+pub struct RotaryEmbeddingConfig {
+    /// Dimension of one head (even).
+    pub head_dim: usize,
+    /// Base of the frequencies.
+    #[config(default = 10000.0)]
+    pub theta: f64,
+}
+
+/// Rotary embedding; holds no parameters.
+#[derive(Module, Debug)]
+pub struct RotaryEmbedding {
+    pub head_dim: usize,
+    pub theta: f64,
+}
+
+impl RotaryEmbeddingConfig {
+    pub fn init(&self) -> RotaryEmbedding {
+        assert!(self.head_dim % 2 == 0, "rotary embedding needs an even head_dim, got {}", self.head_dim);
+        RotaryEmbedding { head_dim: self.head_dim, theta: self.theta }
+    }
+}
+
+impl RotaryEmbedding {
+    /// cos and sin tables, `[s, k]`.
+    pub fn tables(&self, seq_len: usize, device: &Device) -> (Tensor<2>, Tensor<2>) {
+        let half = self.head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half).map(|i| (1.0 / self.theta.powf(2.0 * i as f64 / self.head_dim as f64)) as f32).collect();
+        let inv_freq_1k = Tensor::<1>::from_data(TensorData::new(inv_freq, [half]), device).reshape([1, half]);
+        let pos_s1 = Tensor::<1, Int>::arange(0..seq_len as i64, device).float().reshape([seq_len, 1]);
+        let freqs_sk = pos_s1.matmul(inv_freq_1k);
+        let emb_sk = Tensor::cat(vec![freqs_sk.clone(), freqs_sk], 1);
+        (emb_sk.clone().cos(), emb_sk.sin())
+    }
+
+    /// Rotates queries or keys.
+    ///
+    /// # Shapes
+    /// - `x_bhsk`: `[b, h, s, k]` → `[b, h, s, k]`
+    pub fn forward(&self, x_bhsk: Tensor<4>) -> Tensor<4> {
+        let [_, _, s, k] = x_bhsk.dims();
+        let (cos_sk, sin_sk) = self.tables(s, &x_bhsk.device());
+        let half = k / 2;
+        let x1 = x_bhsk.clone().narrow(3, 0, half);
+        let x2 = x_bhsk.clone().narrow(3, half, half);
+        let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+        x_bhsk * cos_sk.unsqueeze::<4>() + rotated * sin_sk.unsqueeze::<4>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotation_preserves_norms_and_is_identity_at_position_zero() {
+        let device = Device::flex();
+        let rope = RotaryEmbeddingConfig::new(8).init();
+        let x = Tensor::<4>::random([1, 2, 5, 8], burn::tensor::Distribution::Normal(0.0, 1.0), &device);
+        let y = rope.forward(x.clone());
+        let nx: Vec<f32> = x.clone().powi_scalar(2).sum_dim(3).into_data().try_to_vec().unwrap();
+        let ny: Vec<f32> = y.clone().powi_scalar(2).sum_dim(3).into_data().try_to_vec().unwrap();
+        for (a, b) in nx.iter().zip(&ny) {
+            assert!((a - b).abs() < 1e-4 * a.max(1.0));
+        }
+        let x0: Vec<f32> = x.narrow(2, 0, 1).into_data().try_to_vec().unwrap();
+        let y0: Vec<f32> = y.narrow(2, 0, 1).into_data().try_to_vec().unwrap();
+        assert_eq!(x0, y0);
+    }
+}
