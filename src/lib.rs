@@ -2,8 +2,12 @@
 //! parallelism (Dash & Wang, arXiv 2605.05049), in Rust.
 //!
 //! This root crate re-exports the workspace crates so that examples and integration tests can use one
-//! path: the resource model and planner ([`planner`]) and the communication layer ([`comm`]; its MPI
-//! backend behind the `mpi` feature). The kernels, Burn modules and models join as their crates land.
+//! path: the resource model and planner ([`planner`]), the communication layer ([`comm`]; its MPI backend
+//! behind the `mpi` feature), the kernels ([`kernels`]), the Burn modules ([`modules`]) and the model
+//! definitions ([`models`]).
 
+pub use kernels_cubecl as kernels;
+pub use piper_burn as modules;
 pub use piper_comm as comm;
+pub use piper_models as models;
 pub use piper_planner as planner;

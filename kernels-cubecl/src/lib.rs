@@ -30,6 +30,12 @@ pub fn combine_rows(y_pd: Tensor<2>, w_p: Tensor<1>, index_p: Tensor<1, Int>, nu
 }
 
 /// Grouped SwiGLU experts over rows sorted by expert.
-pub fn grouped_swiglu(x_pd: Tensor<2>, w_gate_edf: Tensor<3>, w_up_edf: Tensor<3>, w_down_efd: Tensor<3>, counts_e: &[usize]) -> Tensor<2> {
+pub fn grouped_swiglu(
+    x_pd: Tensor<2>,
+    w_gate_edf: Tensor<3>,
+    w_up_edf: Tensor<3>,
+    w_down_efd: Tensor<3>,
+    counts_e: &[usize],
+) -> Tensor<2> {
     grouped_swiglu_reference(x_pd, w_gate_edf, w_up_edf, w_down_efd, counts_e)
 }

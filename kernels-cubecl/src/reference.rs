@@ -17,7 +17,12 @@ pub fn permute_rows_reference(x_td: Tensor<2>, index_p: Tensor<1, Int>) -> Tenso
 }
 
 /// Weighted row scatter-add: `out_td[index_p[i]] += w_p[i] · y_pd[i]`, `t` output rows.
-pub fn combine_rows_reference(y_pd: Tensor<2>, w_p: Tensor<1>, index_p: Tensor<1, Int>, num_tokens: usize) -> Tensor<2> {
+pub fn combine_rows_reference(
+    y_pd: Tensor<2>,
+    w_p: Tensor<1>,
+    index_p: Tensor<1, Int>,
+    num_tokens: usize,
+) -> Tensor<2> {
     let [_, d] = y_pd.dims();
     let weighted_pd = y_pd * w_p.unsqueeze_dim::<2>(1);
     Tensor::zeros([num_tokens, d], &weighted_pd.device()).select_assign(0, index_p, weighted_pd, IndexingUpdateOp::Add)
@@ -25,7 +30,13 @@ pub fn combine_rows_reference(y_pd: Tensor<2>, w_p: Tensor<1>, index_p: Tensor<1
 
 /// Grouped SwiGLU experts: rows `[off_e, off_e + counts_e[e])` of `x_pd` go through expert e:
 /// `(silu(x · gate_e) ⊙ (x · up_e)) · down_e`.
-pub fn grouped_swiglu_reference(x_pd: Tensor<2>, w_gate_edf: Tensor<3>, w_up_edf: Tensor<3>, w_down_efd: Tensor<3>, counts_e: &[usize]) -> Tensor<2> {
+pub fn grouped_swiglu_reference(
+    x_pd: Tensor<2>,
+    w_gate_edf: Tensor<3>,
+    w_up_edf: Tensor<3>,
+    w_down_efd: Tensor<3>,
+    counts_e: &[usize],
+) -> Tensor<2> {
     let [p, d] = x_pd.dims();
     let [e, _, f] = w_gate_edf.dims();
     assert_eq!(counts_e.len(), e, "one count per expert");

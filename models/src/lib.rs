@@ -6,12 +6,12 @@
 //! DeepSeek-style (fine-grained experts, shared experts, sigmoid scores with a selection bias,
 //! group-limited routing, routed scaling, dense first layers).
 
+use piper_burn::CausalLmConfig;
 use piper_burn::attention::AttentionConfig;
 use piper_burn::decoder::DecoderLayerConfig;
 use piper_burn::mlp::MlpConfig;
 use piper_burn::moe::MoeBlockConfig;
 use piper_burn::router::{GroupScore, RouterConfig, Scoring};
-use piper_burn::CausalLmConfig;
 use piper_planner::model::{Attention, LayerKind, ModelSpec, QkNorm, ScoreFunction};
 
 pub use piper_planner::model::{preset, resolve_model};
@@ -34,24 +34,36 @@ impl std::error::Error for Unsupported {}
 
 /// The Burn configuration of a spec.
 pub fn lm_config(spec: &ModelSpec) -> Result<CausalLmConfig, Unsupported> {
-    let unsupported = |field: &str, why: &str| Unsupported { model: spec.name.clone(), field: field.into(), why: why.into() };
+    let unsupported =
+        |field: &str, why: &str| Unsupported { model: spec.name.clone(), field: field.into(), why: why.into() };
     let to = |v: u64| v as usize;
     let d = to(spec.hidden_size);
     let eps = spec.norm_eps.unwrap_or(1e-6);
     let attention = match &spec.attention {
         Attention::Gqa { num_heads, num_kv_heads, head_dim, qkv_bias, o_bias, qk_norm, sinks } => {
             if *qkv_bias || *o_bias || *sinks {
-                return Err(unsupported("attention_bias", "(q/k/v/o biases, sinks) is not implemented in piper-burn yet"));
+                return Err(unsupported(
+                    "attention_bias",
+                    "(q/k/v/o biases, sinks) is not implemented in piper-burn yet",
+                ));
             }
             if *qk_norm == QkNorm::PerProjection {
-                return Err(unsupported("qk_norm", "over whole projections (OLMoE) is not implemented in piper-burn yet"));
+                return Err(unsupported(
+                    "qk_norm",
+                    "over whole projections (OLMoE) is not implemented in piper-burn yet",
+                ));
             }
             AttentionConfig::new(d, to(*num_heads), to(*num_kv_heads), to(*head_dim))
                 .with_rope_theta(spec.rope_theta.unwrap_or(10000.0))
                 .with_qk_norm(*qk_norm == QkNorm::PerHead)
                 .with_norm_eps(eps)
         }
-        Attention::Mla { .. } => return Err(unsupported("kv_lora_rank", "(multi-head latent attention) is not implemented in piper-burn yet; use a GQA model")),
+        Attention::Mla { .. } => {
+            return Err(unsupported(
+                "kv_lora_rank",
+                "(multi-head latent attention) is not implemented in piper-burn yet; use a GQA model",
+            ));
+        }
     };
     let mut layers = Vec::new();
     for kind in &spec.layers {
@@ -66,14 +78,21 @@ pub fn lm_config(spec: &ModelSpec) -> Result<CausalLmConfig, Unsupported> {
                     ScoreFunction::Sigmoid => Scoring::Sigmoid,
                 };
                 if moe.router_bias && scoring == Scoring::Softmax {
-                    return Err(unsupported("router_bias", "on a softmax router (gpt-oss) is not implemented in piper-burn yet"));
+                    return Err(unsupported(
+                        "router_bias",
+                        "on a softmax router (gpt-oss) is not implemented in piper-burn yet",
+                    ));
                 }
                 let router = RouterConfig::new(d, to(moe.num_experts), to(moe.top_k))
                     .with_scoring(scoring)
                     .with_norm_topk_prob(moe.norm_topk_prob)
                     .with_num_groups(moe.n_group.map(to))
                     .with_topk_groups(moe.topk_group.map(to))
-                    .with_group_score(if spec.model_type == "deepseek_v2" { GroupScore::Max } else { GroupScore::TopTwoSum })
+                    .with_group_score(if spec.model_type == "deepseek_v2" {
+                        GroupScore::Max
+                    } else {
+                        GroupScore::TopTwoSum
+                    })
                     .with_routed_scaling(moe.routed_scaling_factor.unwrap_or(1.0))
                     .with_selection_bias(moe.router_bias);
                 let shared = moe.shared_expert();
@@ -85,7 +104,10 @@ pub fn lm_config(spec: &ModelSpec) -> Result<CausalLmConfig, Unsupported> {
                 ))
             }
             _ => {
-                let mlp = spec.dense_mlp.as_ref().ok_or_else(|| unsupported("intermediate_size", "is needed for dense layers"))?;
+                let mlp = spec
+                    .dense_mlp
+                    .as_ref()
+                    .ok_or_else(|| unsupported("intermediate_size", "is needed for dense layers"))?;
                 if !mlp.gated {
                     return Err(unsupported("dense_mlp", "must be a gated (SwiGLU) MLP in piper-burn"));
                 }
@@ -95,7 +117,10 @@ pub fn lm_config(spec: &ModelSpec) -> Result<CausalLmConfig, Unsupported> {
         layers.push(layer);
     }
     if spec.mtp_depth > 0 {
-        return Err(unsupported("num_nextn_predict_layers", "(multi-token prediction) is not implemented in piper-burn yet"));
+        return Err(unsupported(
+            "num_nextn_predict_layers",
+            "(multi-token prediction) is not implemented in piper-burn yet",
+        ));
     }
     Ok(CausalLmConfig::new(to(spec.vocab_size), d, layers).with_tie_embeddings(spec.tie_embeddings).with_norm_eps(eps))
 }
@@ -103,8 +128,8 @@ pub fn lm_config(spec: &ModelSpec) -> Result<CausalLmConfig, Unsupported> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::prelude::*;
     use burn::module::Module;
+    use burn::prelude::*;
 
     #[test]
     fn presets_build_and_count_the_planners_parameters() {

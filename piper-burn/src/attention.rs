@@ -85,7 +85,8 @@ impl Attention {
         let repeat = |t: Tensor<4>| t.unsqueeze_dim::<5>(2).expand([b, g, h / g, s, k]).reshape([b, h, s, k]);
         let (k_bhsk, v_bhsk) = (repeat(k_bgsk), repeat(v_bgsk));
         let scores_bhss = q_bhsk.matmul(k_bhsk.swap_dims(2, 3)) / (k as f64).sqrt();
-        let future_ss = Tensor::<2, Bool>::triu_mask([s, s], 1, &scores_bhss.device());
+        // `tril_mask` is true outside the lower triangle (diagonal included): exactly the future positions.
+        let future_ss = Tensor::<2, Bool>::tril_mask([s, s], 0, &scores_bhss.device());
         let scores_bhss = scores_bhss.mask_fill(future_ss.unsqueeze::<4>().expand([b, h, s, s]), f32::NEG_INFINITY);
         let probs_bhss = burn::tensor::activation::softmax(scores_bhss, 3);
         let out_bhsk = probs_bhss.matmul(v_bhsk);

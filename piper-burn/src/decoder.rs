@@ -32,7 +32,10 @@ pub struct DecoderLayer {
 
 impl DecoderLayerConfig {
     pub fn init(&self, device: &Device) -> DecoderLayer {
-        assert!(self.dense.is_some() != self.moe.is_some(), "a decoder layer needs exactly one of a dense MLP and an MoE block");
+        assert!(
+            self.dense.is_some() != self.moe.is_some(),
+            "a decoder layer needs exactly one of a dense MLP and an MoE block"
+        );
         let d = self.attention.d_model;
         DecoderLayer {
             input_norm: RmsNormConfig::new(d).with_epsilon(self.norm_eps).init(device),

@@ -28,11 +28,14 @@ impl DispatchPlan {
         for &x in &experts {
             counts_e[x as usize] += 1;
         }
-        let mut next: Vec<usize> = counts_e.iter().scan(0, |acc, c| {
-            let start = *acc;
-            *acc += c;
-            Some(start)
-        }).collect();
+        let mut next: Vec<usize> = counts_e
+            .iter()
+            .scan(0, |acc, c| {
+                let start = *acc;
+                *acc += c;
+                Some(start)
+            })
+            .collect();
         let p = experts.len();
         let mut slot = vec![0i64; p];
         for (flat, &x) in experts.iter().enumerate() {

@@ -44,6 +44,12 @@ impl GroupedExperts {
     /// # Shapes
     /// - `x_pd`: `[p, d]` sorted by expert, `counts_e[i]` rows for expert i → `[p, d]`
     pub fn forward(&self, x_pd: Tensor<2>, counts_e: &[usize]) -> Tensor<2> {
-        kernels_cubecl::grouped_swiglu(x_pd, self.w_gate_edf.val(), self.w_up_edf.val(), self.w_down_efd.val(), counts_e)
+        kernels_cubecl::grouped_swiglu(
+            x_pd,
+            self.w_gate_edf.val(),
+            self.w_up_edf.val(),
+            self.w_down_efd.val(),
+            counts_e,
+        )
     }
 }

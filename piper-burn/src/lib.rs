@@ -6,6 +6,7 @@
 //! and causal LM. The heavy element-wise and gather/scatter work goes through `kernels-cubecl`.
 
 pub mod attention;
+pub mod corpus;
 pub mod decoder;
 pub mod dispatch;
 pub mod experts;
@@ -16,6 +17,7 @@ pub mod mlp;
 pub mod moe;
 pub mod rope;
 pub mod router;
+pub mod train;
 
 pub use lm::{CausalLm, CausalLmConfig, LmLoss, LmOutput};
 pub use moe::{MoeBlock, MoeBlockConfig, MoeStats};

@@ -65,7 +65,8 @@ impl MoeBlockConfig {
             router: self.router.init(device),
             experts: GroupedExpertsConfig::new(self.router.num_experts, d, self.expert_ffn).init(device),
             shared: (self.num_shared > 0).then(|| MlpConfig::new(d, self.num_shared * self.shared_ffn).init(device)),
-            shared_gate: (self.num_shared > 0 && self.shared_gate).then(|| normal_linear(LinearConfig::new(d, 1), device)),
+            shared_gate: (self.num_shared > 0 && self.shared_gate)
+                .then(|| normal_linear(LinearConfig::new(d, 1), device)),
         }
     }
 }

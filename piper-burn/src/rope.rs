@@ -33,7 +33,8 @@ impl RotaryEmbedding {
     /// cos and sin tables, `[s, k]`.
     pub fn tables(&self, seq_len: usize, device: &Device) -> (Tensor<2>, Tensor<2>) {
         let half = self.head_dim / 2;
-        let inv_freq: Vec<f32> = (0..half).map(|i| (1.0 / self.theta.powf(2.0 * i as f64 / self.head_dim as f64)) as f32).collect();
+        let inv_freq: Vec<f32> =
+            (0..half).map(|i| (1.0 / self.theta.powf(2.0 * i as f64 / self.head_dim as f64)) as f32).collect();
         let inv_freq_1k = Tensor::<1>::from_data(TensorData::new(inv_freq, [half]), device).reshape([1, half]);
         let pos_s1 = Tensor::<1, Int>::arange(0..seq_len as i64, device).float().reshape([seq_len, 1]);
         let freqs_sk = pos_s1.matmul(inv_freq_1k);

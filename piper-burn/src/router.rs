@@ -86,9 +86,18 @@ pub struct Routing {
 
 impl RouterConfig {
     pub fn init(&self, device: &Device) -> Router {
-        assert!(self.top_k >= 1 && self.top_k <= self.num_experts, "top_k = {} must be in 1..={}", self.top_k, self.num_experts);
+        assert!(
+            self.top_k >= 1 && self.top_k <= self.num_experts,
+            "top_k = {} must be in 1..={}",
+            self.top_k,
+            self.num_experts
+        );
         let num_groups = self.num_groups.unwrap_or(1);
-        assert!(num_groups >= 1 && self.num_experts % num_groups == 0, "num_groups = {num_groups} must divide {} experts", self.num_experts);
+        assert!(
+            num_groups >= 1 && self.num_experts % num_groups == 0,
+            "num_groups = {num_groups} must divide {} experts",
+            self.num_experts
+        );
         Router {
             gate: normal_linear(LinearConfig::new(self.d_model, self.num_experts), device),
             bias_e: Tensor::zeros([self.num_experts], device),
@@ -158,7 +167,15 @@ impl Router {
             return self;
         }
         let mean = tokens_per_expert.iter().sum::<usize>() as f64 / tokens_per_expert.len() as f64;
-        let sign = |x: f64| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 };
+        let sign = |x: f64| {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                0.0
+            }
+        };
         let step: Vec<f32> = tokens_per_expert.iter().map(|l| (rate * sign(mean - *l as f64)) as f32).collect();
         let device = self.bias_e.device();
         self.bias_e = self.bias_e + Tensor::<1>::from_data(TensorData::new(step, [tokens_per_expert.len()]), &device);

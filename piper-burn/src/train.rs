@@ -1,0 +1,164 @@
+//! Single-process training loop: AdamW with linear warm-up and cosine decay, gradient clipping, the
+//! router losses, DeepSeek-style bias updates, and per-step metrics (loss, tokens/s, achieved FLOP/s,
+//! MFU against a measured peak, expert load per MoE layer).
+
+use std::time::Instant;
+
+use burn::grad_clipping::GradientClippingConfig;
+use burn::optim::{AdamWConfig, GradientsParams};
+use burn::prelude::*;
+use serde::Serialize;
+
+use crate::corpus::Corpus;
+use crate::lm::{CausalLm, CausalLmConfig};
+
+/// Optimisation settings.
+#[derive(Config, Debug)]
+pub struct TrainConfig {
+    #[config(default = 200)]
+    pub steps: usize,
+    #[config(default = 8)]
+    pub batch_size: usize,
+    #[config(default = 64)]
+    pub seq_len: usize,
+    #[config(default = 3e-3)]
+    pub lr: f64,
+    /// Final learning rate as a fraction of `lr`.
+    #[config(default = 0.1)]
+    pub min_lr_ratio: f64,
+    #[config(default = 20)]
+    pub warmup_steps: usize,
+    #[config(default = 0.1)]
+    pub weight_decay: f64,
+    #[config(default = 1.0)]
+    pub grad_clip: f64,
+    /// Step of DeepSeek's selection-bias update (routers with a selection bias only).
+    #[config(default = 1e-3)]
+    pub bias_update_rate: f64,
+    #[config(default = 0)]
+    pub seed: u64,
+}
+
+/// What one step did.
+#[derive(Clone, Debug, Serialize)]
+pub struct StepMetrics {
+    pub step: usize,
+    /// Next-token cross-entropy, nats.
+    pub loss: f64,
+    /// Cross-entropy + router losses (what was differentiated).
+    pub total_loss: f64,
+    pub lr: f64,
+    pub tokens_per_s: f64,
+    /// Model FLOPs (Megatron convention) per second.
+    pub flops_per_s: f64,
+    /// `flops_per_s` over the measured peak.
+    pub mfu: f64,
+    /// Max / mean tokens per expert, per MoE layer.
+    pub expert_load: Vec<f64>,
+    pub step_time_s: f64,
+}
+
+/// Learning rate at `step` (0-based): linear warm-up to `lr`, then cosine to `lr · min_lr_ratio`.
+pub fn learning_rate(c: &TrainConfig, step: usize) -> f64 {
+    if step < c.warmup_steps {
+        return c.lr * (step + 1) as f64 / c.warmup_steps as f64;
+    }
+    let decay = c.steps.saturating_sub(c.warmup_steps).max(1);
+    let progress = ((step - c.warmup_steps) as f64 / decay as f64).min(1.0);
+    let min = c.lr * c.min_lr_ratio;
+    min + 0.5 * (c.lr - min) * (1.0 + (std::f64::consts::PI * progress).cos())
+}
+
+/// Dense f32 GEMM rate of `device` (FLOP/s), the best of a few 1024³ products: the peak MFU refers to.
+pub fn measure_peak_flops(device: &Device) -> f64 {
+    let n = 1024;
+    let a = Tensor::<2>::random([n, n], burn::tensor::Distribution::Default, device);
+    let b = Tensor::<2>::random([n, n], burn::tensor::Distribution::Default, device);
+    let _ = a.clone().matmul(b.clone()).into_data();
+    (0..3)
+        .map(|_| {
+            let t = Instant::now();
+            let _ = a.clone().matmul(b.clone()).into_data();
+            2.0 * (n * n * n) as f64 / t.elapsed().as_secs_f64()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Trains a fresh model. `flops_per_token` is the model's training FLOPs per token (the planner's
+/// count); `on_step` sees every step's metrics. Returns the trained model and all metrics.
+pub fn train(
+    model_config: &CausalLmConfig,
+    corpus: &mut dyn Corpus,
+    c: &TrainConfig,
+    device: &Device,
+    flops_per_token: f64,
+    peak_flops: f64,
+    mut on_step: impl FnMut(&StepMetrics),
+) -> Result<(CausalLm, Vec<StepMetrics>), String> {
+    if corpus.vocab_size() > model_config.vocab_size {
+        return Err(format!(
+            "the data uses {} token ids but the model's vocabulary has {}",
+            corpus.vocab_size(),
+            model_config.vocab_size
+        ));
+    }
+    if c.seq_len < 2 || c.batch_size == 0 || c.steps == 0 {
+        return Err("--seq-len must be ≥ 2, --batch-size and --steps ≥ 1".into());
+    }
+    let device = device.clone().autodiff();
+    device.seed(c.seed);
+    let mut model = model_config.init(&device);
+    let mut optim = AdamWConfig::new()
+        .with_beta_2(0.95)
+        .with_weight_decay(c.weight_decay as f32)
+        .with_grad_clipping(Some(GradientClippingConfig::Norm(c.grad_clip as f32)))
+        .init();
+    let tokens_per_step = (c.batch_size * (c.seq_len - 1)) as f64;
+    let mut all = Vec::with_capacity(c.steps);
+    for step in 0..c.steps {
+        let start = Instant::now();
+        let ids = corpus.batch(c.batch_size, c.seq_len);
+        let ids_bs = Tensor::<2, Int>::from_data(TensorData::new(ids, [c.batch_size, c.seq_len]), &device);
+        let out = model.loss(ids_bs);
+        let loss: f64 = out.cross_entropy.clone().into_scalar::<f32>() as f64;
+        let total_loss: f64 = out.total.clone().into_scalar::<f32>() as f64;
+        if !loss.is_finite() {
+            return Err(format!("step {step}: the loss is {loss}; lower --lr"));
+        }
+        let grads = GradientsParams::from_grads(out.total.backward(), &model);
+        let lr = learning_rate(c, step);
+        model = optim.step(lr, model, grads);
+        model = model.update_router_biases(&out.moe, c.bias_update_rate);
+        let dt = start.elapsed().as_secs_f64();
+        let flops_per_s = flops_per_token * tokens_per_step / dt;
+        let m = StepMetrics {
+            step,
+            loss,
+            total_loss,
+            lr,
+            tokens_per_s: tokens_per_step / dt,
+            flops_per_s,
+            mfu: flops_per_s / peak_flops,
+            expert_load: out.moe.iter().map(|s| s.imbalance()).collect(),
+            step_time_s: dt,
+        };
+        on_step(&m);
+        all.push(m);
+    }
+    Ok((model, all))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_warms_up_then_decays_to_the_floor() {
+        let c = TrainConfig::new().with_steps(100).with_warmup_steps(10).with_lr(1.0).with_min_lr_ratio(0.1);
+        assert!((learning_rate(&c, 0) - 0.1).abs() < 1e-12);
+        assert!((learning_rate(&c, 9) - 1.0).abs() < 1e-12);
+        assert!((learning_rate(&c, 10) - 1.0).abs() < 1e-12);
+        assert!((learning_rate(&c, 55) - 0.55).abs() < 1e-12); // halfway: (1 + 0.1) / 2
+        assert!((learning_rate(&c, 100) - 0.1).abs() < 1e-12);
+    }
+}
