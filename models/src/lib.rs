@@ -7,6 +7,8 @@
 //! group-limited routing, routed scaling, dense first layers).
 
 use piper_burn::CausalLmConfig;
+pub mod hf_weights;
+
 use piper_burn::attention::AttentionConfig;
 use piper_burn::decoder::DecoderLayerConfig;
 use piper_burn::mlp::MlpConfig;

@@ -47,6 +47,8 @@ pub struct MoeStats {
     pub z_loss: Tensor<1>,
     /// Token copies per expert.
     pub tokens_per_expert: Vec<usize>,
+    /// Router logits `[t, e]`.
+    pub router_logits_te: Tensor<2>,
 }
 
 impl MoeStats {
@@ -92,8 +94,9 @@ impl MoeBlock {
         let probs_te = softmax(routing.logits_te.clone(), 1);
         let stats = MoeStats {
             aux_loss: load_balancing_loss(probs_te, routing.topk_idx_tk),
-            z_loss: z_loss(routing.logits_te),
+            z_loss: z_loss(routing.logits_te.clone()),
             tokens_per_expert: plan.counts_e,
+            router_logits_te: routing.logits_te,
         };
         (out_td.reshape([b, s, d]), stats)
     }

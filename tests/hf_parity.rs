@@ -1,0 +1,110 @@
+//! Numerical parity with Hugging Face transformers: tiny random Mixtral and Qwen3-MoE models built by
+//! `tests/fixtures/make_hf_fixtures.py` (torch + transformers, run once by hand; the fixtures are
+//! committed). Their config.json goes through the planner's loader, their safetensors weights through
+//! Piper's Hugging Face loader; logits, router logits, the load-balancing loss, the cross-entropy and
+//! its gradients must match to 1e-4 (f32).
+
+use burn::prelude::*;
+use piper::models::hf_weights::{load_hf, read_f32, save_hf};
+use piper::models::lm_config;
+use piper::modules::losses::load_balancing_loss;
+use piper::planner::model::presets::load_model_str;
+use safetensors::SafeTensors;
+
+const TOL: f32 = 1e-4;
+
+fn fixture(name: &str) -> (String, Vec<u8>) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let config = std::fs::read_to_string(dir.join(format!("hf_{name}_config.json"))).expect("fixture config");
+    let bytes = std::fs::read(dir.join(format!("hf_{name}.safetensors"))).expect("fixture weights");
+    (config, bytes)
+}
+
+fn close(what: &str, ours: &[f32], theirs: &[f32]) {
+    assert_eq!(ours.len(), theirs.len(), "{what}: lengths differ");
+    let worst = ours.iter().zip(theirs).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0.0f32, f32::max);
+    assert!(worst <= TOL, "{what}: worst difference {worst:e} > {TOL:e}");
+}
+
+fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().try_to_vec().unwrap()
+}
+
+fn parity(name: &str, expert_names: [&str; 3], block: &str) {
+    let (config, bytes) = fixture(name);
+    let spec = load_model_str(&config, &format!("hf_{name}_config.json")).unwrap();
+    let device = Device::flex().autodiff();
+    let weights = read_f32(&bytes, "weight.").unwrap();
+    let model = load_hf(lm_config(&spec).unwrap().init(&device), &spec, &weights, &device).unwrap();
+    let refs = read_f32(&bytes, "").unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let ids_view = st.tensor("input_ids").unwrap();
+    let ids: Vec<i64> = ids_view.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+    let shape = ids_view.shape().to_vec();
+    let ids_bs = Tensor::<2, Int>::from_data(TensorData::new(ids, [shape[0], shape[1]]), &device);
+
+    let out = model.forward(ids_bs.clone());
+    close(&format!("{name} logits"), &values(out.logits_bsv), &refs["logits"].1);
+    let router: Vec<f32> = out.moe.iter().flat_map(|m| values(m.router_logits_te.clone())).collect();
+    close(&format!("{name} router logits"), &router, &refs["router_logits"].1);
+    // transformers' load-balancing loss over all layers' router logits at once.
+    let logits_te = Tensor::cat(out.moe.iter().map(|m| m.router_logits_te.clone()).collect(), 0);
+    let k = model.layers[0].moe.as_ref().unwrap().router.top_k;
+    let (_, idx) = burn::tensor::activation::softmax(logits_te.clone(), 1).topk_with_indices(k, 1);
+    let aux = load_balancing_loss(burn::tensor::activation::softmax(logits_te, 1), idx);
+    close(&format!("{name} aux loss"), &values(aux), &refs["aux_loss"].1);
+
+    let loss = model.loss(ids_bs);
+    close(&format!("{name} cross-entropy"), &values(loss.cross_entropy.clone()), &refs["cross_entropy"].1);
+    let grads = loss.cross_entropy.backward();
+    let g = |p: &burn::module::Param<Tensor<2>>| values(p.grad(&grads).unwrap());
+    let gt = |p: &burn::module::Param<Tensor<2>>| values(p.grad(&grads).unwrap().transpose());
+    close("grad embed", &g(&model.embed.weight), &refs["grad.model.embed_tokens.weight"].1);
+    close("grad lm_head", &gt(model.lm_head_dv.as_ref().unwrap()), &refs["grad.lm_head.weight"].1);
+    close(
+        "grad q_proj",
+        &gt(&model.layers[0].attention.q_proj.weight),
+        &refs["grad.model.layers.0.self_attn.q_proj.weight"].1,
+    );
+    close(
+        "grad o_proj",
+        &gt(&model.layers[1].attention.o_proj.weight),
+        &refs["grad.model.layers.1.self_attn.o_proj.weight"].1,
+    );
+    let experts = &model.layers[0].moe.as_ref().unwrap().experts;
+    for (param, hf) in [
+        (&experts.w_gate_edf, expert_names[0]),
+        (&experts.w_up_edf, expert_names[1]),
+        (&experts.w_down_efd, expert_names[2]),
+    ] {
+        let grad = param.grad(&grads).unwrap();
+        let [_, r, c] = grad.dims();
+        let expert0 = grad.narrow(0, 0, 1).reshape([r, c]).transpose();
+        close(
+            &format!("grad expert 0 {hf}"),
+            &values(expert0),
+            &refs[&format!("grad.model.layers.0.{block}.experts.0.{hf}.weight")].1,
+        );
+    }
+
+    // Saving writes the same names and values back.
+    let path = std::env::temp_dir().join(format!("piper-hf-roundtrip-{name}-{}.safetensors", std::process::id()));
+    save_hf(&model, &spec, &path).unwrap();
+    let again = read_f32(&std::fs::read(&path).unwrap(), "").unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(again.len(), weights.len(), "saved tensor count");
+    for (n, (shape, data)) in &weights {
+        assert_eq!(&again[n].0, shape, "{n}");
+        assert_eq!(&again[n].1, data, "{n}");
+    }
+}
+
+#[test]
+fn mixtral_matches_transformers() {
+    parity("mixtral", ["w1", "w3", "w2"], "block_sparse_moe");
+}
+
+#[test]
+fn qwen3_moe_matches_transformers() {
+    parity("qwen3_moe", ["gate_proj", "up_proj", "down_proj"], "mlp");
+}
