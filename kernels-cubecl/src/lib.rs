@@ -8,6 +8,7 @@
 //! backend extension, their HIP compilation for MI250X and the wgpu parity tests are not written yet
 //! (issue #3).
 
+pub mod grouped;
 pub mod reference;
 
 use burn::prelude::*;
