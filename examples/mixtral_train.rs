@@ -137,10 +137,10 @@ fn run(a: Args) -> Result<(), String> {
             m.flops_per_s / 1e9,
             100.0 * m.mfu
         ));
-        if let Some(f) = metrics_file.as_mut() {
-            if let Err(e) = writeln!(f, "{}", serde_json::to_string(m).expect("metrics serialise")) {
-                write_error.get_or_insert(e.to_string());
-            }
+        if let Some(f) = metrics_file.as_mut()
+            && let Err(e) = writeln!(f, "{}", serde_json::to_string(m).expect("metrics serialise"))
+        {
+            write_error.get_or_insert(e.to_string());
         }
         if a.log_every > 0 && (m.step % a.log_every == 0 || m.step + 1 == a.steps) {
             let load: Vec<String> = m.expert_load.iter().map(|x| format!("{x:.2}")).collect();

@@ -14,6 +14,9 @@ use piper_planner::model::ModelSpec;
 use safetensors::SafeTensors;
 use safetensors::tensor::{Dtype, TensorView};
 
+/// Tensors by name: shape and f32 values.
+pub type NamedTensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
+
 /// Names of one layer's MoE tensors in a family.
 struct MoeNames {
     block: &'static str,
@@ -123,7 +126,7 @@ pub fn save_hf(model: &CausalLm, spec: &ModelSpec, path: &Path) -> Result<(), St
 }
 
 /// Reads f32 tensors by name from safetensors bytes (an optional prefix is stripped from names).
-pub fn read_f32(bytes: &[u8], prefix: &str) -> Result<HashMap<String, (Vec<usize>, Vec<f32>)>, String> {
+pub fn read_f32(bytes: &[u8], prefix: &str) -> Result<NamedTensors, String> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
     let mut out = HashMap::new();
     for (name, view) in st.tensors() {

@@ -42,7 +42,7 @@ pub struct Attention {
 impl AttentionConfig {
     pub fn init(&self, device: &Device) -> Attention {
         assert!(
-            self.num_kv_heads > 0 && self.num_heads % self.num_kv_heads == 0,
+            self.num_kv_heads > 0 && self.num_heads.is_multiple_of(self.num_kv_heads),
             "num_kv_heads = {} must divide num_heads = {}",
             self.num_kv_heads,
             self.num_heads

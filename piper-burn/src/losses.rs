@@ -41,7 +41,7 @@ mod tests {
         let balanced: f32 = load_balancing_loss(probs, idx).into_scalar();
         assert!((balanced - 1.0).abs() < 1e-6);
         // All tokens to expert 0 with probability 1 there: E · 1 · 1 = 4.
-        let probs = Tensor::<2>::from_data(TensorData::new(vec![1.0f32, 0.0, 0.0, 0.0].repeat(4), [4, 4]), &device);
+        let probs = Tensor::<2>::from_data(TensorData::new([1.0f32, 0.0, 0.0, 0.0].repeat(4), [4, 4]), &device);
         let idx = Tensor::<2, Int>::zeros([4, 1], &device);
         let collapsed: f32 = load_balancing_loss(probs, idx).into_scalar();
         assert!((collapsed - 4.0).abs() < 1e-6);

@@ -24,7 +24,7 @@ pub struct RotaryEmbedding {
 
 impl RotaryEmbeddingConfig {
     pub fn init(&self) -> RotaryEmbedding {
-        assert!(self.head_dim % 2 == 0, "rotary embedding needs an even head_dim, got {}", self.head_dim);
+        assert!(self.head_dim.is_multiple_of(2), "rotary embedding needs an even head_dim, got {}", self.head_dim);
         RotaryEmbedding { head_dim: self.head_dim, theta: self.theta }
     }
 }

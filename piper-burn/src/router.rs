@@ -94,7 +94,7 @@ impl RouterConfig {
         );
         let num_groups = self.num_groups.unwrap_or(1);
         assert!(
-            num_groups >= 1 && self.num_experts % num_groups == 0,
+            num_groups >= 1 && self.num_experts.is_multiple_of(num_groups),
             "num_groups = {num_groups} must divide {} experts",
             self.num_experts
         );
