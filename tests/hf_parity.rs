@@ -1,4 +1,4 @@
-//! Numerical parity with Hugging Face transformers: tiny random Mixtral and Qwen3-MoE models built by
+//! Numerical parity with Hugging Face transformers: tiny random Mixtral, Qwen3-MoE and DeepSeek-V3 models built by
 //! `tests/fixtures/make_hf_fixtures.py` (torch + transformers, run once by hand; the fixtures are
 //! committed). Their config.json goes through the planner's loader, their safetensors weights through
 //! Piper's Hugging Face loader; logits, router logits, the load-balancing loss, the cross-entropy and
@@ -30,7 +30,16 @@ fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().try_to_vec().unwrap()
 }
 
-fn parity(name: &str, expert_names: [&str; 3], block: &str) {
+/// Which tensors a family names how.
+struct Family {
+    name: &'static str,
+    experts: [&'static str; 3],
+    block: &'static str,
+    first_moe_layer: usize,
+}
+
+fn parity(f: Family) {
+    let Family { name, experts: expert_names, block, first_moe_layer } = f;
     let (config, bytes) = fixture(name);
     let spec = load_model_str(&config, &format!("hf_{name}_config.json")).unwrap();
     let device = Device::flex().autodiff();
@@ -49,7 +58,7 @@ fn parity(name: &str, expert_names: [&str; 3], block: &str) {
     close(&format!("{name} router logits"), &router, &refs["router_logits"].1);
     // transformers' load-balancing loss over all layers' router logits at once.
     let logits_te = Tensor::cat(out.moe.iter().map(|m| m.router_logits_te.clone()).collect(), 0);
-    let k = model.layers[0].moe.as_ref().unwrap().router.top_k;
+    let k = model.layers[first_moe_layer].moe.as_ref().unwrap().router.top_k;
     let (_, idx) = burn::tensor::activation::softmax(logits_te.clone(), 1).topk_with_indices(k, 1);
     let aux = load_balancing_loss(burn::tensor::activation::softmax(logits_te, 1), idx);
     close(&format!("{name} aux loss"), &values(aux), &refs["aux_loss"].1);
@@ -61,17 +70,24 @@ fn parity(name: &str, expert_names: [&str; 3], block: &str) {
     let gt = |p: &burn::module::Param<Tensor<2>>| values(p.grad(&grads).unwrap().transpose());
     close("grad embed", &g(&model.embed.weight), &refs["grad.model.embed_tokens.weight"].1);
     close("grad lm_head", &gt(model.lm_head_dv.as_ref().unwrap()), &refs["grad.lm_head.weight"].1);
-    close(
-        "grad q_proj",
-        &gt(&model.layers[0].attention.q_proj.weight),
-        &refs["grad.model.layers.0.self_attn.q_proj.weight"].1,
-    );
-    close(
-        "grad o_proj",
-        &gt(&model.layers[1].attention.o_proj.weight),
-        &refs["grad.model.layers.1.self_attn.o_proj.weight"].1,
-    );
-    let experts = &model.layers[0].moe.as_ref().unwrap().experts;
+    match (&model.layers[0].attention, &model.layers[0].mla) {
+        (Some(a), _) => {
+            close("grad q_proj", &gt(&a.q_proj.weight), &refs["grad.model.layers.0.self_attn.q_proj.weight"].1)
+        }
+        (_, Some(m)) => close(
+            "grad q_a_proj",
+            &gt(&m.q_a_proj.as_ref().unwrap().weight),
+            &refs["grad.model.layers.0.self_attn.q_a_proj.weight"].1,
+        ),
+        _ => unreachable!(),
+    }
+    let o_proj = match (&model.layers[1].attention, &model.layers[1].mla) {
+        (Some(a), _) => &a.o_proj,
+        (_, Some(m)) => &m.o_proj,
+        _ => unreachable!(),
+    };
+    close("grad o_proj", &gt(&o_proj.weight), &refs["grad.model.layers.1.self_attn.o_proj.weight"].1);
+    let experts = &model.layers[first_moe_layer].moe.as_ref().unwrap().experts;
     for (param, hf) in [
         (&experts.w_gate_edf, expert_names[0]),
         (&experts.w_up_edf, expert_names[1]),
@@ -83,7 +99,7 @@ fn parity(name: &str, expert_names: [&str; 3], block: &str) {
         close(
             &format!("grad expert 0 {hf}"),
             &values(expert0),
-            &refs[&format!("grad.model.layers.0.{block}.experts.0.{hf}.weight")].1,
+            &refs[&format!("grad.model.layers.{first_moe_layer}.{block}.experts.0.{hf}.weight")].1,
         );
     }
 
@@ -101,10 +117,27 @@ fn parity(name: &str, expert_names: [&str; 3], block: &str) {
 
 #[test]
 fn mixtral_matches_transformers() {
-    parity("mixtral", ["w1", "w3", "w2"], "block_sparse_moe");
+    parity(Family { name: "mixtral", experts: ["w1", "w3", "w2"], block: "block_sparse_moe", first_moe_layer: 0 });
 }
 
 #[test]
 fn qwen3_moe_matches_transformers() {
-    parity("qwen3_moe", ["gate_proj", "up_proj", "down_proj"], "mlp");
+    parity(Family {
+        name: "qwen3_moe",
+        experts: ["gate_proj", "up_proj", "down_proj"],
+        block: "mlp",
+        first_moe_layer: 0,
+    });
+}
+
+#[test]
+fn deepseek_v3_matches_transformers() {
+    // MLA, a dense first layer, sigmoid router with a (random) selection bias, group-limited top-k,
+    // routed scaling 2.5, one shared expert.
+    parity(Family {
+        name: "deepseek_v3",
+        experts: ["gate_proj", "up_proj", "down_proj"],
+        block: "mlp",
+        first_moe_layer: 1,
+    });
 }

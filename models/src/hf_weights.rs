@@ -50,14 +50,31 @@ pub fn hf_tensors(model: &CausalLm, spec: &ModelSpec) -> Vec<(String, Vec<usize>
         let vec1 = |t: Tensor<1>| t.unsqueeze::<2>();
         put(format!("{p}.input_layernorm.weight"), vec1(layer.input_norm.gamma.val()), false);
         put(format!("{p}.post_attention_layernorm.weight"), vec1(layer.post_attention_norm.gamma.val()), false);
-        let a = &layer.attention;
-        for (proj, lin) in [("q_proj", &a.q_proj), ("k_proj", &a.k_proj), ("v_proj", &a.v_proj), ("o_proj", &a.o_proj)]
-        {
-            put(format!("{p}.self_attn.{proj}.weight"), lin.weight.val(), true);
+        if let Some(a) = &layer.attention {
+            for (proj, lin) in
+                [("q_proj", &a.q_proj), ("k_proj", &a.k_proj), ("v_proj", &a.v_proj), ("o_proj", &a.o_proj)]
+            {
+                put(format!("{p}.self_attn.{proj}.weight"), lin.weight.val(), true);
+            }
+            if let (Some(q), Some(k)) = (&a.q_norm, &a.k_norm) {
+                put(format!("{p}.self_attn.q_norm.weight"), vec1(q.gamma.val()), false);
+                put(format!("{p}.self_attn.k_norm.weight"), vec1(k.gamma.val()), false);
+            }
         }
-        if let (Some(q), Some(k)) = (&a.q_norm, &a.k_norm) {
-            put(format!("{p}.self_attn.q_norm.weight"), vec1(q.gamma.val()), false);
-            put(format!("{p}.self_attn.k_norm.weight"), vec1(k.gamma.val()), false);
+        if let Some(m) = &layer.mla {
+            let a = format!("{p}.self_attn");
+            if let Some(q) = &m.q_proj {
+                put(format!("{a}.q_proj.weight"), q.weight.val(), true);
+            }
+            if let (Some(qa), Some(qn), Some(qb)) = (&m.q_a_proj, &m.q_a_norm, &m.q_b_proj) {
+                put(format!("{a}.q_a_proj.weight"), qa.weight.val(), true);
+                put(format!("{a}.q_a_layernorm.weight"), vec1(qn.gamma.val()), false);
+                put(format!("{a}.q_b_proj.weight"), qb.weight.val(), true);
+            }
+            put(format!("{a}.kv_a_proj_with_mqa.weight"), m.kv_a_proj.weight.val(), true);
+            put(format!("{a}.kv_a_layernorm.weight"), vec1(m.kv_a_norm.gamma.val()), false);
+            put(format!("{a}.kv_b_proj.weight"), m.kv_b_proj.weight.val(), true);
+            put(format!("{a}.o_proj.weight"), m.o_proj.weight.val(), true);
         }
         if let Some(mlp) = &layer.dense {
             put_mlp(&mut put, &format!("{p}.mlp"), mlp);
@@ -190,14 +207,30 @@ pub fn load_hf(
         let p = format!("model.layers.{i}");
         layer.input_norm.gamma = vec1(fetch(&format!("{p}.input_layernorm.weight"))?);
         layer.post_attention_norm.gamma = vec1(fetch(&format!("{p}.post_attention_layernorm.weight"))?);
-        let a = &mut layer.attention;
-        a.q_proj.weight = lin(fetch(&format!("{p}.self_attn.q_proj.weight"))?);
-        a.k_proj.weight = lin(fetch(&format!("{p}.self_attn.k_proj.weight"))?);
-        a.v_proj.weight = lin(fetch(&format!("{p}.self_attn.v_proj.weight"))?);
-        a.o_proj.weight = lin(fetch(&format!("{p}.self_attn.o_proj.weight"))?);
-        if let (Some(q), Some(k)) = (a.q_norm.as_mut(), a.k_norm.as_mut()) {
-            q.gamma = vec1(fetch(&format!("{p}.self_attn.q_norm.weight"))?);
-            k.gamma = vec1(fetch(&format!("{p}.self_attn.k_norm.weight"))?);
+        if let Some(a) = layer.attention.as_mut() {
+            a.q_proj.weight = lin(fetch(&format!("{p}.self_attn.q_proj.weight"))?);
+            a.k_proj.weight = lin(fetch(&format!("{p}.self_attn.k_proj.weight"))?);
+            a.v_proj.weight = lin(fetch(&format!("{p}.self_attn.v_proj.weight"))?);
+            a.o_proj.weight = lin(fetch(&format!("{p}.self_attn.o_proj.weight"))?);
+            if let (Some(q), Some(k)) = (a.q_norm.as_mut(), a.k_norm.as_mut()) {
+                q.gamma = vec1(fetch(&format!("{p}.self_attn.q_norm.weight"))?);
+                k.gamma = vec1(fetch(&format!("{p}.self_attn.k_norm.weight"))?);
+            }
+        }
+        if let Some(m) = layer.mla.as_mut() {
+            let a = format!("{p}.self_attn");
+            if let Some(q) = m.q_proj.as_mut() {
+                q.weight = lin(fetch(&format!("{a}.q_proj.weight"))?);
+            }
+            if let (Some(qa), Some(qn), Some(qb)) = (m.q_a_proj.as_mut(), m.q_a_norm.as_mut(), m.q_b_proj.as_mut()) {
+                qa.weight = lin(fetch(&format!("{a}.q_a_proj.weight"))?);
+                qn.gamma = vec1(fetch(&format!("{a}.q_a_layernorm.weight"))?);
+                qb.weight = lin(fetch(&format!("{a}.q_b_proj.weight"))?);
+            }
+            m.kv_a_proj.weight = lin(fetch(&format!("{a}.kv_a_proj_with_mqa.weight"))?);
+            m.kv_a_norm.gamma = vec1(fetch(&format!("{a}.kv_a_layernorm.weight"))?);
+            m.kv_b_proj.weight = lin(fetch(&format!("{a}.kv_b_proj.weight"))?);
+            m.o_proj.weight = lin(fetch(&format!("{a}.o_proj.weight"))?);
         }
         if let Some(mlp) = layer.dense.as_mut() {
             load_mlp(mlp, &format!("{p}.mlp"), &mut fetch, &lin)?;

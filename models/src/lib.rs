@@ -11,6 +11,7 @@ pub mod hf_weights;
 
 use piper_burn::attention::AttentionConfig;
 use piper_burn::decoder::DecoderLayerConfig;
+use piper_burn::mla::MlaConfig;
 use piper_burn::mlp::MlpConfig;
 use piper_burn::moe::MoeBlockConfig;
 use piper_burn::router::{GroupScore, RouterConfig, Scoring};
@@ -41,7 +42,7 @@ pub fn lm_config(spec: &ModelSpec) -> Result<CausalLmConfig, Unsupported> {
     let to = |v: u64| v as usize;
     let d = to(spec.hidden_size);
     let eps = spec.norm_eps.unwrap_or(1e-6);
-    let attention = match &spec.attention {
+    let (attention, mla) = match &spec.attention {
         Attention::Gqa { num_heads, num_kv_heads, head_dim, qkv_bias, o_bias, qk_norm, sinks } => {
             if *qkv_bias || *o_bias || *sinks {
                 return Err(unsupported(
@@ -55,21 +56,32 @@ pub fn lm_config(spec: &ModelSpec) -> Result<CausalLmConfig, Unsupported> {
                     "over whole projections (OLMoE) is not implemented in piper-burn yet",
                 ));
             }
-            AttentionConfig::new(d, to(*num_heads), to(*num_kv_heads), to(*head_dim))
+            let a = AttentionConfig::new(d, to(*num_heads), to(*num_kv_heads), to(*head_dim))
                 .with_rope_theta(spec.rope_theta.unwrap_or(10000.0))
                 .with_qk_norm(*qk_norm == QkNorm::PerHead)
-                .with_norm_eps(eps)
+                .with_norm_eps(eps);
+            (Some(a), None)
         }
-        Attention::Mla { .. } => {
-            return Err(unsupported(
-                "kv_lora_rank",
-                "(multi-head latent attention) is not implemented in piper-burn yet; use a GQA model",
-            ));
+        Attention::Mla { num_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim } => {
+            let m = MlaConfig::new(
+                d,
+                to(*num_heads),
+                to(*kv_lora_rank),
+                to(*qk_nope_head_dim),
+                to(*qk_rope_head_dim),
+                to(*v_head_dim),
+            )
+            .with_q_lora_rank(q_lora_rank.map(to))
+            .with_rope_theta(spec.rope_theta.unwrap_or(10000.0))
+            .with_rope_interleave(spec.rope_interleave.unwrap_or(true))
+            .with_norm_eps(eps);
+            (None, Some(m))
         }
     };
     let mut layers = Vec::new();
     for kind in &spec.layers {
-        let layer = DecoderLayerConfig::new(attention.clone()).with_norm_eps(eps);
+        let layer =
+            DecoderLayerConfig::new().with_attention(attention.clone()).with_mla(mla.clone()).with_norm_eps(eps);
         let layer = match (kind, &spec.moe) {
             (LayerKind::Moe, Some(moe)) => {
                 if !moe.expert.gated || moe.expert.bias {
@@ -150,6 +162,8 @@ mod tests {
     #[test]
     fn unsupported_specs_name_the_field() {
         let err = lm_config(&preset("deepseek-v3").unwrap()).unwrap_err().to_string();
-        assert!(err.contains("`kv_lora_rank`"), "{err}");
+        assert!(err.contains("`num_nextn_predict_layers`"), "{err}");
+        let err = lm_config(&preset("gpt-oss-20b").unwrap()).unwrap_err().to_string();
+        assert!(err.contains("`attention_bias`"), "{err}");
     }
 }

@@ -6,12 +6,17 @@ use burn::nn::{RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 
 use crate::attention::{Attention, AttentionConfig};
+use crate::mla::{Mla, MlaConfig};
 use crate::mlp::{Mlp, MlpConfig};
 use crate::moe::{MoeBlock, MoeBlockConfig, MoeStats};
 
 #[derive(Config, Debug)]
 pub struct DecoderLayerConfig {
-    pub attention: AttentionConfig,
+    /// Exactly one of `attention` (MHA/GQA) and `mla` (DeepSeek latent attention).
+    #[config(default = "None")]
+    pub attention: Option<AttentionConfig>,
+    #[config(default = "None")]
+    pub mla: Option<MlaConfig>,
     /// Exactly one of `dense` and `moe`.
     #[config(default = "None")]
     pub dense: Option<MlpConfig>,
@@ -24,7 +29,8 @@ pub struct DecoderLayerConfig {
 #[derive(Module, Debug)]
 pub struct DecoderLayer {
     pub input_norm: RmsNorm,
-    pub attention: Attention,
+    pub attention: Option<Attention>,
+    pub mla: Option<Mla>,
     pub post_attention_norm: RmsNorm,
     pub dense: Option<Mlp>,
     pub moe: Option<MoeBlock>,
@@ -36,10 +42,16 @@ impl DecoderLayerConfig {
             self.dense.is_some() != self.moe.is_some(),
             "a decoder layer needs exactly one of a dense MLP and an MoE block"
         );
-        let d = self.attention.d_model;
+        assert!(
+            self.attention.is_some() != self.mla.is_some(),
+            "a decoder layer needs exactly one of attention and MLA"
+        );
+        let d =
+            self.attention.as_ref().map(|a| a.d_model).or(self.mla.as_ref().map(|m| m.d_model)).expect("checked above");
         DecoderLayer {
             input_norm: RmsNormConfig::new(d).with_epsilon(self.norm_eps).init(device),
-            attention: self.attention.init(device),
+            attention: self.attention.as_ref().map(|c| c.init(device)),
+            mla: self.mla.as_ref().map(|c| c.init(device)),
             post_attention_norm: RmsNormConfig::new(d).with_epsilon(self.norm_eps).init(device),
             dense: self.dense.as_ref().map(|c| c.init(device)),
             moe: self.moe.as_ref().map(|c| c.init(device)),
@@ -51,7 +63,13 @@ impl DecoderLayer {
     /// # Shapes
     /// - `x_bsd`: `[b, s, d]` → `[b, s, d]`, with the MoE statistics of an MoE layer
     pub fn forward(&self, x_bsd: Tensor<3>) -> (Tensor<3>, Option<MoeStats>) {
-        let h_bsd = x_bsd.clone() + self.attention.forward(self.input_norm.forward(x_bsd));
+        let normed = self.input_norm.forward(x_bsd.clone());
+        let attended = match (&self.attention, &self.mla) {
+            (Some(a), _) => a.forward(normed),
+            (_, Some(m)) => m.forward(normed),
+            _ => unreachable!("checked at init"),
+        };
+        let h_bsd = x_bsd + attended;
         let normed = self.post_attention_norm.forward(h_bsd.clone());
         match (&self.dense, &self.moe) {
             (Some(mlp), _) => (h_bsd + mlp.forward(normed), None),

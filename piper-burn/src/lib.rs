@@ -13,6 +13,7 @@ pub mod experts;
 pub mod init;
 pub mod lm;
 pub mod losses;
+pub mod mla;
 pub mod mlp;
 pub mod moe;
 pub mod rope;

@@ -10,7 +10,8 @@ use piper_burn::router::RouterConfig;
 use piper_burn::train::{TrainConfig, train};
 
 fn tiny_moe() -> CausalLmConfig {
-    let layer = DecoderLayerConfig::new(AttentionConfig::new(32, 4, 2, 8))
+    let layer = DecoderLayerConfig::new()
+        .with_attention(Some(AttentionConfig::new(32, 4, 2, 8)))
         .with_moe(Some(MoeBlockConfig::new(RouterConfig::new(32, 4, 2), 64)));
     CausalLmConfig::new(16, 32, vec![layer.clone(), layer])
 }

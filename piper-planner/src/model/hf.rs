@@ -140,6 +140,11 @@ pub fn from_hf_config(value: &Value, source: &str) -> Result<ModelSpec> {
         model_type: model_type.to_string(),
         rope_theta: fields.f64_opt("rope_theta")?,
         norm_eps: fields.f64_opt("rms_norm_eps")?.or(fields.f64_opt("layer_norm_epsilon")?),
+        rope_interleave: match fields.obj.get("rope_interleave") {
+            Some(serde_json::Value::Bool(b)) => Some(*b),
+            _ if model_type == "deepseek_v3" => Some(true),
+            _ => None,
+        },
         ..spec
     };
     spec.validate()?;
@@ -163,6 +168,7 @@ fn base(f: &Fields, attention: Attention, layers: Vec<LayerKind>) -> Result<Mode
         mtp_depth: 0,
         rope_theta: None,
         norm_eps: None,
+        rope_interleave: None,
     })
 }
 
@@ -252,7 +258,9 @@ fn deepseek(f: &Fields) -> Result<ModelSpec> {
         "sigmoid" => ScoreFunction::Sigmoid,
         other => return Err(Error::invalid(f.source, "scoring_func", format!("`{other}` is not softmax or sigmoid"))),
     };
-    let group_limited = matches!(f.str_opt("topk_method"), Some("group_limited_greedy" | "noaux_tc"));
+    // transformers' DeepseekV3Config drops `topk_method`: V3 always routes noaux_tc (V2's default is greedy).
+    let topk_method = f.str_opt("topk_method").unwrap_or(if v3 { "noaux_tc" } else { "greedy" });
+    let group_limited = matches!(topk_method, "group_limited_greedy" | "noaux_tc");
     let moe = Moe {
         num_experts: n_routed,
         top_k: f.u64("num_experts_per_tok")?,
@@ -260,7 +268,7 @@ fn deepseek(f: &Fields) -> Result<ModelSpec> {
         num_shared_experts: f.u64_opt("n_shared_experts")?.unwrap_or(0),
         shared_expert_intermediate_size: None,
         shared_expert_gate: false,
-        router_bias: f.str_opt("topk_method") == Some("noaux_tc"),
+        router_bias: topk_method == "noaux_tc",
         score_function: scoring,
         norm_topk_prob: f.bool_or("norm_topk_prob", false)?,
         n_group: if group_limited { f.u64_opt("n_group")? } else { None },
@@ -338,6 +346,7 @@ fn dbrx(f: &Fields) -> Result<ModelSpec> {
         mtp_depth: 0,
         rope_theta: None,
         norm_eps: None,
+        rope_interleave: None,
     })
 }
 

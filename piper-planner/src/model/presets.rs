@@ -229,6 +229,7 @@ fn plain(
         mtp_depth: 0,
         rope_theta: None,
         norm_eps: None,
+        rope_interleave: None,
     }
 }
 
@@ -261,6 +262,7 @@ fn gated(
         mtp_depth: 0,
         rope_theta: None,
         norm_eps: None,
+        rope_interleave: None,
     }
 }
 

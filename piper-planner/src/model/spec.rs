@@ -186,6 +186,9 @@ pub struct ModelSpec {
     /// Normalisation epsilon (`rms_norm_eps`), when the config gives one.
     #[serde(default)]
     pub norm_eps: Option<f64>,
+    /// Rotary dims stored interleaved (`rope_interleave`, DeepSeek-V3), when the config says.
+    #[serde(default)]
+    pub rope_interleave: Option<bool>,
 }
 
 impl ModelSpec {

@@ -1,0 +1,126 @@
+//! DeepSeek multi-head latent attention (MLA): queries through an optional low-rank bottleneck, keys and
+//! values from one compressed latent, and a decoupled rotary part shared by all heads' keys.
+//!
+//! Legend: b = batch, s = sequence, d = model width, h = heads, n = no-rope head dim, r = rope head
+//! dim, v = value head dim, q = query latent rank, c = key/value latent rank.
+
+use burn::nn::{Linear, LinearConfig, RmsNorm, RmsNormConfig};
+use burn::prelude::*;
+
+use crate::init::normal_linear;
+use crate::rope::{RotaryEmbedding, RotaryEmbeddingConfig};
+
+#[derive(Config, Debug)]
+pub struct MlaConfig {
+    pub d_model: usize,
+    pub num_heads: usize,
+    /// `None`: queries come straight from the hidden state.
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    #[config(default = 10000.0)]
+    pub rope_theta: f64,
+    /// The rotary dims are stored interleaved (pairs side by side), as DeepSeek-V3's checkpoints.
+    #[config(default = true)]
+    pub rope_interleave: bool,
+    #[config(default = 1e-6)]
+    pub norm_eps: f64,
+}
+
+#[derive(Module, Debug)]
+pub struct Mla {
+    pub q_proj: Option<Linear>,
+    pub q_a_proj: Option<Linear>,
+    pub q_a_norm: Option<RmsNorm>,
+    pub q_b_proj: Option<Linear>,
+    pub kv_a_proj: Linear,
+    pub kv_a_norm: RmsNorm,
+    pub kv_b_proj: Linear,
+    pub o_proj: Linear,
+    pub rope: RotaryEmbedding,
+    pub num_heads: usize,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    pub rope_interleave: bool,
+}
+
+impl MlaConfig {
+    pub fn init(&self, device: &Device) -> Mla {
+        let h = self.num_heads;
+        let qk = self.qk_nope_head_dim + self.qk_rope_head_dim;
+        let lin = |i, o| normal_linear(LinearConfig::new(i, o), device);
+        let (q_proj, q_a_proj, q_a_norm, q_b_proj) = match self.q_lora_rank {
+            None => (Some(lin(self.d_model, h * qk)), None, None, None),
+            Some(r) => (
+                None,
+                Some(lin(self.d_model, r)),
+                Some(RmsNormConfig::new(r).with_epsilon(self.norm_eps).init(device)),
+                Some(lin(r, h * qk)),
+            ),
+        };
+        Mla {
+            q_proj,
+            q_a_proj,
+            q_a_norm,
+            q_b_proj,
+            kv_a_proj: lin(self.d_model, self.kv_lora_rank + self.qk_rope_head_dim),
+            kv_a_norm: RmsNormConfig::new(self.kv_lora_rank).with_epsilon(self.norm_eps).init(device),
+            kv_b_proj: lin(self.kv_lora_rank, h * (self.qk_nope_head_dim + self.v_head_dim)),
+            o_proj: lin(h * self.v_head_dim, self.d_model),
+            rope: RotaryEmbeddingConfig::new(self.qk_rope_head_dim).with_theta(self.rope_theta).init(),
+            num_heads: h,
+            kv_lora_rank: self.kv_lora_rank,
+            qk_nope_head_dim: self.qk_nope_head_dim,
+            qk_rope_head_dim: self.qk_rope_head_dim,
+            v_head_dim: self.v_head_dim,
+            rope_interleave: self.rope_interleave,
+        }
+    }
+}
+
+impl Mla {
+    /// Rotary embedding; interleaved dims (x0, x1, x2, x3, …) are first regrouped to halves
+    /// (x0, x2, …, x1, x3, …), as transformers' `apply_rotary_pos_emb_interleave`.
+    fn rotate(&self, x_bhsr: Tensor<4>) -> Tensor<4> {
+        let x = if self.rope_interleave {
+            let [b, h, s, r] = x_bhsr.dims();
+            x_bhsr.reshape([b, h, s, r / 2, 2]).swap_dims(3, 4).reshape([b, h, s, r])
+        } else {
+            x_bhsr
+        };
+        self.rope.forward(x)
+    }
+
+    /// # Shapes
+    /// - `x_bsd`: `[b, s, d]` → `[b, s, d]`
+    pub fn forward(&self, x_bsd: Tensor<3>) -> Tensor<3> {
+        let [b, s, _] = x_bsd.dims();
+        let (h, n, r, v) = (self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim);
+        let q_bsx = match (&self.q_proj, &self.q_a_proj, &self.q_a_norm, &self.q_b_proj) {
+            (Some(q), _, _, _) => q.forward(x_bsd.clone()),
+            (None, Some(a), Some(norm), Some(bp)) => bp.forward(norm.forward(a.forward(x_bsd.clone()))),
+            _ => unreachable!("set at init"),
+        };
+        let q_bhsk = q_bsx.reshape([b, s, h, n + r]).swap_dims(1, 2);
+        let q_nope = q_bhsk.clone().narrow(3, 0, n);
+        let q_rope = self.rotate(q_bhsk.narrow(3, n, r));
+        let ckv_bsx = self.kv_a_proj.forward(x_bsd);
+        let latent_bsc = ckv_bsx.clone().narrow(2, 0, self.kv_lora_rank);
+        let k_rope_b1sr = self.rotate(ckv_bsx.narrow(2, self.kv_lora_rank, r).reshape([b, 1, s, r]));
+        let kv_bhsx =
+            self.kv_b_proj.forward(self.kv_a_norm.forward(latent_bsc)).reshape([b, s, h, n + v]).swap_dims(1, 2);
+        let k_nope = kv_bhsx.clone().narrow(3, 0, n);
+        let v_bhsv = kv_bhsx.narrow(3, n, v);
+        let q = Tensor::cat(vec![q_nope, q_rope], 3);
+        let k = Tensor::cat(vec![k_nope, k_rope_b1sr.expand([b, h, s, r])], 3);
+        let scores_bhss = q.matmul(k.swap_dims(2, 3)) / ((n + r) as f64).sqrt();
+        let future_ss = Tensor::<2, Bool>::tril_mask([s, s], 0, &scores_bhss.device());
+        let scores_bhss = scores_bhss.mask_fill(future_ss.unsqueeze::<4>().expand([b, h, s, s]), f32::NEG_INFINITY);
+        let out_bhsv = burn::tensor::activation::softmax(scores_bhss, 3).matmul(v_bhsv);
+        self.o_proj.forward(out_bhsv.swap_dims(1, 2).reshape([b, s, h * v]))
+    }
+}
