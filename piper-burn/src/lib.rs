@@ -15,6 +15,7 @@ pub mod lm;
 pub mod losses;
 pub mod mla;
 pub mod mlp;
+pub mod parallel;
 pub mod moe;
 pub mod rope;
 pub mod router;

@@ -3,7 +3,7 @@
 //!
 //! Legend: b = batch, s = sequence, d = model width, v = vocabulary.
 
-use burn::module::Param;
+use burn::module::{Module, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Embedding, EmbeddingConfig, RmsNorm, RmsNormConfig};
 use burn::prelude::*;
@@ -58,8 +58,24 @@ pub struct LmLoss {
     pub moe: Vec<MoeStats>,
 }
 
+/// Draws every lazily initialised parameter now, in module order, so a seed gives the same weights
+/// whatever the first forward pass touches first (and whichever thread it runs on).
+struct Materialize;
+
+impl burn::module::ModuleVisitor for Materialize {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let _ = param.val();
+    }
+}
+
 impl CausalLmConfig {
     pub fn init(&self, device: &Device) -> CausalLm {
+        let model = self.init_lazy(device);
+        model.visit(&mut Materialize);
+        model
+    }
+
+    fn init_lazy(&self, device: &Device) -> CausalLm {
         CausalLm {
             embed: EmbeddingConfig::new(self.vocab_size, self.d_model).with_initializer(initializer()).init(device),
             layers: self.layers.iter().map(|l| l.init(device)).collect(),

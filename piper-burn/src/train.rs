@@ -30,6 +30,7 @@ pub struct TrainConfig {
     pub warmup_steps: usize,
     #[config(default = 0.1)]
     pub weight_decay: f64,
+    /// Clip each parameter's gradient to this norm (0: no clipping).
     #[config(default = 1.0)]
     pub grad_clip: f64,
     /// Step of DeepSeek's selection-bias update (routers with a selection bias only).
@@ -111,7 +112,7 @@ pub fn train(
     let mut optim = AdamWConfig::new()
         .with_beta_2(0.95)
         .with_weight_decay(c.weight_decay as f32)
-        .with_grad_clipping(Some(GradientClippingConfig::Norm(c.grad_clip as f32)))
+        .with_grad_clipping((c.grad_clip > 0.0).then_some(GradientClippingConfig::Norm(c.grad_clip as f32)))
         .init();
     let tokens_per_step = (c.batch_size * (c.seq_len - 1)) as f64;
     let mut all = Vec::with_capacity(c.steps);

@@ -9,6 +9,7 @@ pub mod alltoall;
 pub mod collectives;
 pub mod communicator;
 pub mod error;
+pub mod launch;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi_backend;

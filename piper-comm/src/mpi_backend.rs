@@ -24,6 +24,9 @@ pub struct MpiRuntime {
     _universe: mpi::environment::Universe,
 }
 
+// SAFETY: the runtime guard only finalises MPI on drop; it is created and dropped on the main thread.
+unsafe impl Send for MpiRuntime {}
+
 /// One rank's view of an MPI communicator.
 pub struct MpiComm {
     comm: SimpleCommunicator,

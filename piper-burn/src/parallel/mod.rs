@@ -1,0 +1,5 @@
+//! Expert and data parallelism over `piper-comm`: the differentiable expert all-to-all, expert-group
+//! context of an MoE block, and the parallel training step.
+
+pub mod exchange;
+pub mod train;

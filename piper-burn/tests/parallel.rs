@@ -1,0 +1,73 @@
+//! Expert and data parallelism equal one process: the same seed, weights and data give the same loss
+//! curve on 4 in-process ranks (EP=4, EP=2×DP=2, DP=4) as on one rank, to 1e-4 relative per step.
+//! (The multi-process version of this test runs `mixtral_train` under mpirun: tests/parallel_mpirun.rs
+//! at the workspace root.)
+
+use burn::prelude::*;
+use piper_burn::CausalLmConfig;
+use piper_burn::attention::AttentionConfig;
+use piper_burn::corpus::Grammar;
+use piper_burn::decoder::DecoderLayerConfig;
+use piper_burn::moe::MoeBlockConfig;
+use piper_burn::parallel::train::{Layout, train_parallel};
+use piper_burn::router::RouterConfig;
+use piper_burn::train::TrainConfig;
+use piper_comm::alltoall::Algo;
+use piper_comm::{Communicator, LocalComm, LocalWorld, Topology};
+
+fn model() -> CausalLmConfig {
+    let layer = DecoderLayerConfig::new()
+        .with_attention(Some(AttentionConfig::new(32, 4, 2, 8)))
+        .with_moe(Some(MoeBlockConfig::new(RouterConfig::new(32, 8, 2), 48)));
+    // No auxiliary loss: it is computed over each rank's tokens, which differs from one process by design.
+    CausalLmConfig::new(16, 32, vec![layer.clone(), layer]).with_aux_loss_coef(0.0)
+}
+
+fn config() -> TrainConfig {
+    TrainConfig::new().with_steps(8).with_batch_size(8).with_seq_len(16).with_lr(1e-2).with_warmup_steps(2).with_grad_clip(0.0).with_seed(5)
+}
+
+fn losses(world: &dyn Communicator, layout: Layout, per_node: usize, algo: Algo) -> Vec<f64> {
+    let topo = Topology::uniform(world.size(), per_node).unwrap();
+    let mut corpus = Grammar::new(16, 3, 9);
+    train_parallel(&model(), &mut corpus, &config(), world, &topo, layout, algo, &Device::flex(), 1.0, 1.0, |_| {})
+        .unwrap()
+        .iter()
+        .map(|m| m.loss)
+        .collect()
+}
+
+fn assert_same(what: &str, got: &[f64], want: &[f64]) {
+    let worst = got.iter().zip(want).map(|(a, b)| ((a - b) / b).abs()).fold(0.0, f64::max);
+    eprintln!("{what}: worst relative loss difference over {} steps {worst:e}", got.len());
+    assert!(worst < 1e-4, "{what}: worst relative difference {worst:e}\n got {got:?}\nwant {want:?}");
+}
+
+#[test]
+fn expert_and_data_parallel_runs_equal_one_process() {
+    let single = losses(&LocalComm::single(), Layout { ep: 1, dp: 1 }, 1, Algo::Flat);
+    assert!(single[7] < single[0], "the reference run must learn: {single:?}");
+    for (layout, algo) in [(Layout { ep: 4, dp: 1 }, Algo::Flat), (Layout { ep: 2, dp: 2 }, Algo::Halo), (Layout { ep: 1, dp: 4 }, Algo::Flat)] {
+        let runs = LocalWorld::run(4, |c| losses(&c, layout, 2, algo));
+        for r in &runs {
+            assert_eq!(r, &runs[0], "every rank reports the same losses");
+        }
+        assert_same(&format!("{layout:?} {algo:?}"), &runs[0], &single);
+    }
+}
+
+#[test]
+fn bad_layouts_are_refused_before_any_work() {
+    let err = LocalWorld::run(4, |c| {
+        let topo = Topology::uniform(4, 4).unwrap();
+        let mut corpus = Grammar::new(16, 3, 9);
+        train_parallel(&model(), &mut corpus, &config(), &c, &topo, Layout { ep: 2, dp: 1 }, Algo::Flat, &Device::flex(), 1.0, 1.0, |_| {}).unwrap_err()
+    });
+    assert!(err[0].contains("--ep 2 × --dp 1 = 2 ranks, but the job has 4"), "{}", err[0]);
+    let err = LocalWorld::run(3, |c| {
+        let topo = Topology::uniform(3, 3).unwrap();
+        let mut corpus = Grammar::new(16, 3, 9);
+        train_parallel(&model(), &mut corpus, &config(), &c, &topo, Layout { ep: 3, dp: 1 }, Algo::Flat, &Device::flex(), 1.0, 1.0, |_| {}).unwrap_err()
+    });
+    assert!(err[0].contains("divisible by EP·DP = 3") || err[0].contains("must divide the 8 experts"), "{}", err[0]);
+}
