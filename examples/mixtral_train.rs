@@ -4,15 +4,23 @@
 //! whose entropy rate is known, so the best possible loss is printed beside the achieved one. `--data
 //! FILE` trains on any UTF-8 text instead (byte-level tokens). `--metrics FILE.jsonl` writes one JSON
 //! line per step. Same seed → same losses.
+//!
+//! Multi-rank (built with `--features mpi`): `mpirun -np 4 target/release/examples/mixtral_train --ep 2
+//! --dp 2` shards the experts over expert groups of 2 and splits the batch over 4 ranks; the loss curve
+//! equals the one-process run's.
 
 use std::io::Write as _;
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use piper::comm::Topology;
+use piper::comm::alltoall::Algo;
+use piper::comm::launch::init_world;
 use piper::models::{lm_config, resolve_model};
 use piper::modules::corpus::{Corpus, Grammar, TextBytes};
-use piper::modules::train::{TrainConfig, measure_peak_flops, train};
+use piper::modules::parallel::train::{Layout, train_parallel};
+use piper::modules::train::{TrainConfig, measure_peak_flops};
 use piper::planner::model::{active_params, param_breakdown, training_flops_per_token};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -64,6 +72,28 @@ struct Args {
     /// No progress bar (plain lines).
     #[arg(long)]
     no_progress: bool,
+    /// Expert-parallel ranks per expert group (multi-rank runs).
+    #[arg(long, default_value_t = 1)]
+    ep: usize,
+    /// Data-parallel replicas (multi-rank runs; EP·DP must equal the ranks).
+    #[arg(long, default_value_t = 1)]
+    dp: usize,
+    /// Pipeline stages (only 1 today).
+    #[arg(long, default_value_t = 1)]
+    pp: usize,
+    /// Expert all-to-all algorithm.
+    #[arg(long = "all-to-all", value_enum, default_value_t = AlgoArg::Flat)]
+    all_to_all: AlgoArg,
+    /// Clip each parameter's gradient to this norm (0: off).
+    #[arg(long, default_value_t = 1.0)]
+    grad_clip: f64,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum AlgoArg {
+    Flat,
+    Pairwise,
+    Halo,
 }
 
 fn device(backend: Backend) -> Result<burn::tensor::Device, String> {
@@ -81,7 +111,26 @@ fn device(backend: Backend) -> Result<burn::tensor::Device, String> {
     }
 }
 
-fn run(a: Args) -> Result<(), String> {
+fn run(a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
+    if a.pp != 1 {
+        return Err(format!("--pp {}: pipeline stages are not implemented yet (issue #5); use --pp 1", a.pp));
+    }
+    if a.ep == 0 || a.dp == 0 {
+        return Err("--ep and --dp must be ≥ 1".into());
+    }
+    let comm = world.comm.as_ref();
+    if comm.size() != a.ep * a.dp {
+        return Err(format!(
+            "--ep {} × --dp {} = {} ranks, but the job has {}; launch with mpirun -np {}",
+            a.ep,
+            a.dp,
+            a.ep * a.dp,
+            comm.size(),
+            a.ep * a.dp
+        ));
+    }
+    let lead = comm.rank() == 0;
+    let topo = Topology::detect(comm).map_err(|e| e.to_string())?;
     let spec = resolve_model(&a.preset).map_err(|e| e.to_string())?;
     let mut model_config = lm_config(&spec).map_err(|e| e.to_string())?;
     model_config.aux_loss_coef = a.aux_loss_coef;
@@ -102,11 +151,13 @@ fn run(a: Args) -> Result<(), String> {
         .with_seq_len(a.seq_len)
         .with_lr(a.lr)
         .with_warmup_steps(a.warmup.min(a.steps))
+        .with_grad_clip(a.grad_clip)
         .with_seed(a.seed);
     let flops_per_token = training_flops_per_token(&spec, (a.seq_len - 1) as u64).total();
     let peak = measure_peak_flops(&dev);
     let total = param_breakdown(&spec).total();
-    println!(
+    macro_rules! say { ($($t:tt)*) => { if lead { println!($($t)*) } } }
+    say!(
         "model {}: {} layers, d={}, {} params ({} active per token), {:.2} MFLOP/token (train, Megatron convention)",
         spec.name,
         spec.num_layers,
@@ -115,46 +166,74 @@ fn run(a: Args) -> Result<(), String> {
         active_params(&spec),
         flops_per_token / 1e6
     );
-    println!("data: {}", corpus.describe());
-    println!(
-        "backend {:?}; measured peak (f32 GEMM 1024³) {:.1} GFLOP/s — MFU is relative to it",
-        a.backend,
-        peak / 1e9
-    );
-    let mut metrics_file = match &a.metrics {
+    say!("data: {}", corpus.describe());
+    say!("backend {:?}; measured peak (f32 GEMM 1024³) {:.1} GFLOP/s — MFU is relative to it", a.backend, peak / 1e9);
+    if comm.size() > 1 {
+        say!(
+            "{} ranks on {} node(s): EP={} × DP={}, {:?} all-to-all; global batch {} = {} per rank",
+            comm.size(),
+            topo.num_nodes(),
+            a.ep,
+            a.dp,
+            a.all_to_all,
+            a.batch_size,
+            a.batch_size / comm.size()
+        );
+    }
+    let fault = Fault::from_env(comm.rank());
+    let mut metrics_file = match a.metrics.as_ref().filter(|_| lead) {
         Some(p) => Some(std::fs::File::create(p).map_err(|e| format!("--metrics {}: {e}", p.display()))?),
         None => None,
     };
-    let bar = if a.no_progress { ProgressBar::hidden() } else { ProgressBar::new(a.steps as u64) };
+    let bar = if a.no_progress || !lead { ProgressBar::hidden() } else { ProgressBar::new(a.steps as u64) };
     bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("template"));
     let mut write_error = None;
-    let (_, all) = train(&model_config, corpus.as_mut(), &c, &dev, flops_per_token, peak, |m| {
-        bar.inc(1);
-        bar.set_message(format!(
-            "loss {:.4} | {:.0} tok/s | {:.2} GFLOP/s | MFU {:.1}%",
-            m.loss,
-            m.tokens_per_s,
-            m.flops_per_s / 1e9,
-            100.0 * m.mfu
-        ));
-        if let Some(f) = metrics_file.as_mut()
-            && let Err(e) = writeln!(f, "{}", serde_json::to_string(m).expect("metrics serialise"))
-        {
-            write_error.get_or_insert(e.to_string());
-        }
-        if a.log_every > 0 && (m.step % a.log_every == 0 || m.step + 1 == a.steps) {
-            let load: Vec<String> = m.expert_load.iter().map(|x| format!("{x:.2}")).collect();
-            let line = format!(
-                "step {:>5}  loss {:.4}  lr {:.2e}  {:.0} tok/s  expert load max/mean per layer [{}]",
-                m.step,
+    let algo = match a.all_to_all {
+        AlgoArg::Flat => Algo::Flat,
+        AlgoArg::Pairwise => Algo::Pairwise,
+        AlgoArg::Halo => Algo::Halo,
+    };
+    let layout = Layout { ep: a.ep, dp: a.dp };
+    let all = train_parallel(
+        &model_config,
+        corpus.as_mut(),
+        &c,
+        comm,
+        &topo,
+        layout,
+        algo,
+        &dev,
+        flops_per_token,
+        peak,
+        |m| {
+            fault.maybe_trigger(m.step);
+            bar.inc(1);
+            bar.set_message(format!(
+                "loss {:.4} | {:.0} tok/s | {:.2} GFLOP/s | MFU {:.1}%",
                 m.loss,
-                m.lr,
                 m.tokens_per_s,
-                load.join(", ")
-            );
-            if a.no_progress { println!("{line}") } else { bar.println(line) }
-        }
-    })?;
+                m.flops_per_s / 1e9,
+                100.0 * m.mfu
+            ));
+            if let Some(f) = metrics_file.as_mut()
+                && let Err(e) = writeln!(f, "{}", serde_json::to_string(m).expect("metrics serialise"))
+            {
+                write_error.get_or_insert(e.to_string());
+            }
+            if lead && a.log_every > 0 && (m.step % a.log_every == 0 || m.step + 1 == a.steps) {
+                let load: Vec<String> = m.expert_load.iter().map(|x| format!("{x:.2}")).collect();
+                let line = format!(
+                    "step {:>5}  loss {:.4}  lr {:.2e}  {:.0} tok/s  expert load max/mean per layer [{}]",
+                    m.step,
+                    m.loss,
+                    m.lr,
+                    m.tokens_per_s,
+                    load.join(", ")
+                );
+                if a.no_progress { println!("{line}") } else { bar.println(line) }
+            }
+        },
+    )?;
     bar.finish_and_clear();
     if let Some(e) = write_error {
         return Err(format!("--metrics: {e}"));
@@ -163,18 +242,63 @@ fn run(a: Args) -> Result<(), String> {
     let final_loss = tail.iter().map(|m| m.loss).sum::<f64>() / tail.len() as f64;
     let mean_tps = all.iter().map(|m| m.tokens_per_s).sum::<f64>() / all.len() as f64;
     let mean_mfu = all.iter().map(|m| m.mfu).sum::<f64>() / all.len() as f64;
-    print!("first loss {:.4}, final loss (mean of last {}) {:.4}", all[0].loss, tail.len(), final_loss);
-    match corpus.best_loss() {
-        Some(best) => println!(", best possible {best:.4} (gap {:.4})", final_loss - best),
-        None => println!(),
-    }
-    println!("mean {:.0} tokens/s, MFU {:.1}% of the measured peak", mean_tps, 100.0 * mean_mfu);
+    let best =
+        corpus.best_loss().map_or(String::new(), |b| format!(", best possible {b:.4} (gap {:.4})", final_loss - b));
+    say!("first loss {:.4}, final loss (mean of last {}) {:.4}{best}", all[0].loss, tail.len(), final_loss);
+    say!("mean {:.0} tokens/s, MFU {:.1}% of the measured peak × ranks", mean_tps, 100.0 * mean_mfu);
     Ok(())
 }
 
+/// Fault injection for the failure tests: `PIPER_FAULT_RANK=r PIPER_FAULT_STEP=s PIPER_FAULT=exit|hang`
+/// makes rank r exit (or stop answering) after step s.
+struct Fault {
+    step: Option<usize>,
+    hang: bool,
+}
+
+impl Fault {
+    fn from_env(rank: usize) -> Self {
+        let mine = std::env::var("PIPER_FAULT_RANK").ok().and_then(|r| r.parse::<usize>().ok()) == Some(rank);
+        let step = std::env::var("PIPER_FAULT_STEP").ok().and_then(|s| s.parse::<usize>().ok()).filter(|_| mine);
+        Fault { step, hang: std::env::var("PIPER_FAULT").is_ok_and(|v| v == "hang") }
+    }
+
+    fn maybe_trigger(&self, step: usize) {
+        if self.step == Some(step) {
+            if self.hang {
+                eprintln!("fault injection: this rank stops answering after step {step}");
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+            eprintln!("fault injection: this rank exits after step {step}");
+            std::process::exit(17);
+        }
+    }
+}
+
 fn main() {
-    if let Err(e) = run(Args::parse()) {
+    let args = Args::parse();
+    // A failed collective panics inside the autodiff graph with a message naming the operation, group
+    // and missing ranks: print it and leave at once — unwinding would reach MPI_Finalize, which waits
+    // for the missing rank.
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()));
+        eprintln!("error: {}", msg.unwrap_or_else(|| info.to_string()));
+        std::process::exit(3);
+    }));
+    let world = match init_world() {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(args, &world) {
         eprintln!("error: {e}");
+        // Leave without finalising MPI: the other ranks may be gone or stuck.
         std::process::exit(2);
     }
 }

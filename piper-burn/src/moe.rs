@@ -91,10 +91,12 @@ impl MoeBlock {
     /// group's all-to-all.
     pub fn into_expert_parallel(mut self, group: ExpertGroup) -> Self {
         let e = self.router.num_experts;
-        assert!(group.size > 0 && e % group.size == 0, "EP = {} must divide the {e} experts", group.size);
+        assert!(group.size > 0 && e.is_multiple_of(group.size), "EP = {} must divide the {e} experts", group.size);
         let local = e / group.size;
         let start = group.rank * local;
-        let shard = |p: burn::module::Param<Tensor<3>>| burn::module::Param::from_tensor(p.val().narrow(0, start, local).detach());
+        let shard = |p: burn::module::Param<Tensor<3>>| {
+            burn::module::Param::from_tensor(p.val().narrow(0, start, local).detach())
+        };
         self.experts.w_gate_edf = shard(self.experts.w_gate_edf);
         self.experts.w_up_edf = shard(self.experts.w_up_edf);
         self.experts.w_down_efd = shard(self.experts.w_down_efd);
@@ -119,7 +121,14 @@ impl MoeBlock {
         let recv_counts: Vec<usize> = from.iter().map(|c| c.iter().sum()).collect();
         let x_qd = exchange_rows(x_pd, group.handle, &send_counts, &recv_counts, "expert dispatch all-to-all");
         // Received rows are grouped by source, then local expert; the experts want them by expert.
-        let source_start: Vec<usize> = recv_counts.iter().scan(0, |a, c| { let s = *a; *a += c; Some(s) }).collect();
+        let source_start: Vec<usize> = recv_counts
+            .iter()
+            .scan(0, |a, c| {
+                let s = *a;
+                *a += c;
+                Some(s)
+            })
+            .collect();
         let mut order: Vec<i64> = Vec::with_capacity(recv_counts.iter().sum());
         for j in 0..local {
             for s in 0..n {

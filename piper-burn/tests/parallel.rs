@@ -24,7 +24,14 @@ fn model() -> CausalLmConfig {
 }
 
 fn config() -> TrainConfig {
-    TrainConfig::new().with_steps(8).with_batch_size(8).with_seq_len(16).with_lr(1e-2).with_warmup_steps(2).with_grad_clip(0.0).with_seed(5)
+    TrainConfig::new()
+        .with_steps(8)
+        .with_batch_size(8)
+        .with_seq_len(16)
+        .with_lr(1e-2)
+        .with_warmup_steps(2)
+        .with_grad_clip(0.0)
+        .with_seed(5)
 }
 
 fn losses(world: &dyn Communicator, layout: Layout, per_node: usize, algo: Algo) -> Vec<f64> {
@@ -47,7 +54,11 @@ fn assert_same(what: &str, got: &[f64], want: &[f64]) {
 fn expert_and_data_parallel_runs_equal_one_process() {
     let single = losses(&LocalComm::single(), Layout { ep: 1, dp: 1 }, 1, Algo::Flat);
     assert!(single[7] < single[0], "the reference run must learn: {single:?}");
-    for (layout, algo) in [(Layout { ep: 4, dp: 1 }, Algo::Flat), (Layout { ep: 2, dp: 2 }, Algo::Halo), (Layout { ep: 1, dp: 4 }, Algo::Flat)] {
+    for (layout, algo) in [
+        (Layout { ep: 4, dp: 1 }, Algo::Flat),
+        (Layout { ep: 2, dp: 2 }, Algo::Halo),
+        (Layout { ep: 1, dp: 4 }, Algo::Flat),
+    ] {
         let runs = LocalWorld::run(4, |c| losses(&c, layout, 2, algo));
         for r in &runs {
             assert_eq!(r, &runs[0], "every rank reports the same losses");
@@ -61,13 +72,39 @@ fn bad_layouts_are_refused_before_any_work() {
     let err = LocalWorld::run(4, |c| {
         let topo = Topology::uniform(4, 4).unwrap();
         let mut corpus = Grammar::new(16, 3, 9);
-        train_parallel(&model(), &mut corpus, &config(), &c, &topo, Layout { ep: 2, dp: 1 }, Algo::Flat, &Device::flex(), 1.0, 1.0, |_| {}).unwrap_err()
+        train_parallel(
+            &model(),
+            &mut corpus,
+            &config(),
+            &c,
+            &topo,
+            Layout { ep: 2, dp: 1 },
+            Algo::Flat,
+            &Device::flex(),
+            1.0,
+            1.0,
+            |_| {},
+        )
+        .unwrap_err()
     });
     assert!(err[0].contains("--ep 2 × --dp 1 = 2 ranks, but the job has 4"), "{}", err[0]);
     let err = LocalWorld::run(3, |c| {
         let topo = Topology::uniform(3, 3).unwrap();
         let mut corpus = Grammar::new(16, 3, 9);
-        train_parallel(&model(), &mut corpus, &config(), &c, &topo, Layout { ep: 3, dp: 1 }, Algo::Flat, &Device::flex(), 1.0, 1.0, |_| {}).unwrap_err()
+        train_parallel(
+            &model(),
+            &mut corpus,
+            &config(),
+            &c,
+            &topo,
+            Layout { ep: 3, dp: 1 },
+            Algo::Flat,
+            &Device::flex(),
+            1.0,
+            1.0,
+            |_| {},
+        )
+        .unwrap_err()
     });
     assert!(err[0].contains("divisible by EP·DP = 3") || err[0].contains("must divide the 8 experts"), "{}", err[0]);
 }

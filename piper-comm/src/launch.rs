@@ -16,7 +16,9 @@ pub struct World {
 /// Whether the environment says this process is one rank of a multi-process launch.
 pub fn launched_by_mpi() -> bool {
     // OpenMPI's mpirun, and PMI launchers (MPICH, Cray's srun on Frontier).
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"].iter().any(|v| std::env::var(v).is_ok_and(|s| s.parse::<usize>().is_ok_and(|n| n > 1)))
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|s| s.parse::<usize>().is_ok_and(|n| n > 1)))
 }
 
 /// The world of this process.

@@ -22,9 +22,13 @@ use piper_comm::alltoall::{Algo, all_to_all_v_bytes};
 use piper_comm::{Communicator, Topology};
 
 struct Group {
-    comm: Box<dyn Communicator>,
+    comm: Option<Box<dyn Communicator>>,
     topo: Topology,
     algo: Algo,
+    /// A scalar depending on the previous exchange's output: each exchange takes it as an extra
+    /// input, so autodiff (which runs backward steps deepest-first) runs the backward exchanges in
+    /// reverse forward order on every rank, whatever else differs between the ranks' graphs.
+    chain: Option<Tensor<1>>,
 }
 
 thread_local! {
@@ -39,9 +43,48 @@ pub struct GroupHandle(pub u64);
 pub fn register_group(comm: Box<dyn Communicator>, topo: Topology, algo: Algo) -> GroupHandle {
     GROUPS.with(|g| {
         let mut g = g.borrow_mut();
-        g.push(Group { comm, topo, algo });
+        g.push(Group { comm: Some(comm), topo, algo, chain: None });
         GroupHandle(g.len() as u64 - 1)
     })
+}
+
+/// Releases a group's communicator (before MPI is finalised).
+pub fn release_group(handle: GroupHandle) {
+    GROUPS.with(|g| {
+        if let Some(group) = g.borrow_mut().get_mut(handle.0 as usize) {
+            group.comm = None;
+        }
+    });
+}
+
+/// Starts a new chain of exchanges (call before each forward pass).
+pub fn reset_chain(handle: GroupHandle) {
+    GROUPS.with(|g| {
+        if let Some(group) = g.borrow_mut().get_mut(handle.0 as usize) {
+            group.chain = None;
+        }
+    });
+}
+
+fn take_chain(handle: GroupHandle) -> Option<Tensor<1>> {
+    GROUPS.with(|g| g.borrow_mut().get_mut(handle.0 as usize).and_then(|group| group.chain.take()))
+}
+
+fn set_chain(handle: GroupHandle, t: Tensor<1>) {
+    GROUPS.with(|g| {
+        if let Some(group) = g.borrow_mut().get_mut(handle.0 as usize) {
+            group.chain = Some(t);
+        }
+    });
+}
+
+/// Releases the group when dropped.
+pub struct GroupGuard(pub GroupHandle);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        release_group(self.0);
+    }
 }
 
 /// Runs `f` with a registered group.
@@ -49,7 +92,8 @@ pub fn with_group<R>(handle: GroupHandle, f: impl FnOnce(&dyn Communicator, &Top
     GROUPS.with(|g| {
         let g = g.borrow();
         let group = g.get(handle.0 as usize).expect("expert group handle registered on this thread");
-        f(group.comm.as_ref(), &group.topo, group.algo)
+        let comm = group.comm.as_ref().expect("expert group used after it was released");
+        f(comm.as_ref(), &group.topo, group.algo)
     })
 }
 
@@ -58,22 +102,38 @@ pub fn with_group<R>(handle: GroupHandle, f: impl FnOnce(&dyn Communicator, &Top
 pub trait ExchangeBackend: burn::backend::Backend {
     /// Sends `send_counts[i]` consecutive rows of `x` to rank i of the group; returns the rows
     /// received, grouped by source rank (`recv_counts[i]` from rank i).
-    fn exchange_rows(x: FloatTensor<Self>, group: u64, send_counts: Vec<usize>, recv_counts: Vec<usize>, op: String) -> FloatTensor<Self> {
+    fn exchange_rows(
+        x: FloatTensor<Self>,
+        chain: FloatTensor<Self>,
+        group: u64,
+        send_counts: Vec<usize>,
+        recv_counts: Vec<usize>,
+        op: String,
+    ) -> FloatTensor<Self> {
+        let _ = chain;
         exchange_host::<Self>(x, group, &send_counts, &recv_counts, &op)
     }
 }
 
 impl ExchangeBackend for burn::backend::Flex {}
 
-fn exchange_host<B: Backend>(x: FloatTensor<B>, group: u64, send_counts: &[usize], recv_counts: &[usize], op: &str) -> FloatTensor<B> {
+fn exchange_host<B: Backend>(
+    x: FloatTensor<B>,
+    group: u64,
+    send_counts: &[usize],
+    recv_counts: &[usize],
+    op: &str,
+) -> FloatTensor<B> {
     let device = x.device();
     let width = x.shape()[1];
     let data = read_sync(B::float_into_data(x)).expect("reading rows to exchange");
     let values: Vec<f32> = data.convert::<f32>().try_into_vec::<f32>().expect("f32 rows");
     let bytes: &[u8] = bytemuck_cast(&values);
     let byte_counts: Vec<usize> = send_counts.iter().map(|c| c * width * 4).collect();
-    let (received, counts) = with_group(GroupHandle(group), |comm, topo, algo| all_to_all_v_bytes(algo, comm, topo, bytes, &byte_counts, op))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let (received, counts) = with_group(GroupHandle(group), |comm, topo, algo| {
+        all_to_all_v_bytes(algo, comm, topo, bytes, &byte_counts, op)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
     let got_rows: Vec<usize> = counts.iter().map(|c| c / (width * 4)).collect();
     assert_eq!(got_rows, recv_counts, "{op}: received row counts differ from the announced ones");
     let rows = recv_counts.iter().sum::<usize>();
@@ -97,35 +157,65 @@ struct ExchangeState {
 #[derive(Debug)]
 struct ExchangeBackward;
 
-impl<B: Backend> Backward<B, 1> for ExchangeBackward {
+impl<B: Backend> Backward<B, 2> for ExchangeBackward {
     type State = ExchangeState;
 
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
-        let [node] = ops.parents;
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node, chain] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         let s = ops.state;
+        let device = grad.device();
+        let dtype = grad.dtype().into();
         // The gradient of an exchange is the reverse exchange.
         let back = exchange_host::<B>(grad, s.group, &s.recv_counts, &s.send_counts, &format!("{} (backward)", s.op));
         if let Some(node) = node {
             grads.register::<B>(node.id, back);
         }
+        // The ordering input carries no gradient.
+        if let Some(chain) = chain {
+            grads.register::<B>(chain.id, B::float_zeros(Shape::new([1]), &device, dtype));
+        }
     }
 }
 
 impl<B: ExchangeBackend, C: CheckpointStrategy> ExchangeBackend for Autodiff<B, C> {
-    fn exchange_rows(x: FloatTensor<Self>, group: u64, send_counts: Vec<usize>, recv_counts: Vec<usize>, op: String) -> FloatTensor<Self> {
+    fn exchange_rows(
+        x: FloatTensor<Self>,
+        chain: FloatTensor<Self>,
+        group: u64,
+        send_counts: Vec<usize>,
+        recv_counts: Vec<usize>,
+        op: String,
+    ) -> FloatTensor<Self> {
         let (x, node) = x.into_parts();
-        match ExchangeBackward.prepare::<C>([node]).compute_bound().stateful() {
+        let (chain, chain_node) = chain.into_parts();
+        match ExchangeBackward.prepare::<C>([node, chain_node]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
-                let y = B::exchange_rows(x, group, send_counts.clone(), recv_counts.clone(), op.clone());
+                let y = B::exchange_rows(x, chain, group, send_counts.clone(), recv_counts.clone(), op.clone());
                 prep.finish(ExchangeState { group, send_counts, recv_counts, op }, y)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::exchange_rows(x, group, send_counts, recv_counts, op)),
+            OpsKind::UnTracked(prep) => prep.finish(B::exchange_rows(x, chain, group, send_counts, recv_counts, op)),
         }
     }
 }
 
 /// Exchanges rows `[n, d]` within an expert group (differentiable).
-pub fn exchange_rows(x: Tensor<2>, group: GroupHandle, send_counts: &[usize], recv_counts: &[usize], op: &str) -> Tensor<2> {
-    Tensor::from_dispatch(Dispatch::exchange_rows(x.into_dispatch(), group.0, send_counts.to_vec(), recv_counts.to_vec(), op.to_string()))
+pub fn exchange_rows(
+    x: Tensor<2>,
+    group: GroupHandle,
+    send_counts: &[usize],
+    recv_counts: &[usize],
+    op: &str,
+) -> Tensor<2> {
+    let chain = take_chain(group).unwrap_or_else(|| Tensor::zeros([1], &x.device()));
+    let y: Tensor<2> = Tensor::from_dispatch(Dispatch::exchange_rows(
+        x.into_dispatch(),
+        chain.into_dispatch(),
+        group.0,
+        send_counts.to_vec(),
+        recv_counts.to_vec(),
+        op.to_string(),
+    ));
+    set_chain(group, y.clone().sum());
+    y
 }

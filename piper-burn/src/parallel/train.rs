@@ -17,7 +17,7 @@ use piper_comm::{Communicator, Topology};
 use crate::corpus::Corpus;
 use crate::lm::{CausalLm, CausalLmConfig};
 use crate::moe::ExpertGroup;
-use crate::parallel::exchange::register_group;
+use crate::parallel::exchange::{GroupGuard, register_group, reset_chain};
 use crate::train::{StepMetrics, TrainConfig, learning_rate};
 
 /// Expert- and data-parallel degrees (pipeline stages: see the issue tracker).
@@ -73,10 +73,18 @@ pub fn train_parallel(
 ) -> Result<Vec<StepMetrics>, String> {
     let ranks = layout.ep * layout.dp;
     if world.size() != ranks {
-        return Err(format!("--ep {} × --dp {} = {ranks} ranks, but the job has {}; start it with that many ranks", layout.ep, layout.dp, world.size()));
+        return Err(format!(
+            "--ep {} × --dp {} = {ranks} ranks, but the job has {}; start it with that many ranks",
+            layout.ep,
+            layout.dp,
+            world.size()
+        ));
     }
-    if c.batch_size % ranks != 0 {
-        return Err(format!("--batch-size {} must be divisible by EP·DP = {ranks} (each rank takes an equal slice)", c.batch_size));
+    if !c.batch_size.is_multiple_of(ranks) {
+        return Err(format!(
+            "--batch-size {} must be divisible by EP·DP = {ranks} (each rank takes an equal slice)",
+            c.batch_size
+        ));
     }
     let experts = model_config.layers.iter().find_map(|l| l.moe.as_ref()).map(|m| m.router.num_experts);
     if let Some(e) = experts {
@@ -87,16 +95,24 @@ pub fn train_parallel(
         return Err("--ep > 1 needs an MoE model".into());
     }
     if corpus.vocab_size() > model_config.vocab_size {
-        return Err(format!("the data uses {} token ids but the model's vocabulary has {}", corpus.vocab_size(), model_config.vocab_size));
+        return Err(format!(
+            "the data uses {} token ids but the model's vocabulary has {}",
+            corpus.vocab_size(),
+            model_config.vocab_size
+        ));
     }
     let rank = world.rank();
     let (ep_rank, dp_rank) = (rank % layout.ep, rank / layout.ep);
-    let expert_group_comm = world.split(dp_rank as u64, rank as u64, &format!("expert group {dp_rank}")).map_err(|e| e.to_string())?;
-    let expert_dp_comm = world.split(ep_rank as u64, rank as u64, &format!("expert data-parallel group {ep_rank}")).map_err(|e| e.to_string())?;
+    let expert_group_comm =
+        world.split(dp_rank as u64, rank as u64, &format!("expert group {dp_rank}")).map_err(|e| e.to_string())?;
+    let expert_dp_comm = world
+        .split(ep_rank as u64, rank as u64, &format!("expert data-parallel group {ep_rank}"))
+        .map_err(|e| e.to_string())?;
     if topo.world_size() != world.size() {
         return Err(format!("the topology describes {} ranks but the job has {}", topo.world_size(), world.size()));
     }
     let handle = register_group(expert_group_comm, topo.clone(), algo);
+    let _release = GroupGuard(handle);
 
     let device = device.clone().autodiff();
     // The seed may be global to the backend: ranks that are threads of one process initialise one at
@@ -127,6 +143,7 @@ pub fn train_parallel(
         let ids = corpus.batch(c.batch_size, c.seq_len);
         let mine = ids[rank * local_batch * c.seq_len..(rank + 1) * local_batch * c.seq_len].to_vec();
         let ids_bs = Tensor::<2, Int>::from_data(TensorData::new(mine, [local_batch, c.seq_len]), &device);
+        reset_chain(handle);
         let out = model.loss(ids_bs);
         let mut losses = [out.cross_entropy.clone().into_scalar::<f32>(), out.total.clone().into_scalar::<f32>()];
         world.all_reduce_sum_f32(&mut losses, "loss all-reduce").map_err(|e| e.to_string())?;
