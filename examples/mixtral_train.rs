@@ -194,7 +194,7 @@ fn run(a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
         AlgoArg::Halo => Algo::Halo,
     };
     let layout = Layout { ep: a.ep, dp: a.dp };
-    let all = train_parallel(
+    let (_, all) = train_parallel(
         &model_config,
         corpus.as_mut(),
         &c,

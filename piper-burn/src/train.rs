@@ -4,8 +4,6 @@
 
 use std::time::Instant;
 
-use burn::grad_clipping::GradientClippingConfig;
-use burn::optim::{AdamWConfig, GradientsParams};
 use burn::prelude::*;
 use serde::Serialize;
 
@@ -85,8 +83,10 @@ pub fn measure_peak_flops(device: &Device) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Trains a fresh model. `flops_per_token` is the model's training FLOPs per token (the planner's
-/// count); `on_step` sees every step's metrics. Returns the trained model and all metrics.
+/// Trains a fresh model on this process alone (the one-rank case of
+/// [`train_parallel`](crate::parallel::train::train_parallel)). `flops_per_token` is the model's
+/// training FLOPs per token (the planner's count); `on_step` sees every step's metrics. Returns the
+/// trained model and all metrics.
 pub fn train(
     model_config: &CausalLmConfig,
     corpus: &mut dyn Corpus,
@@ -94,59 +94,24 @@ pub fn train(
     device: &Device,
     flops_per_token: f64,
     peak_flops: f64,
-    mut on_step: impl FnMut(&StepMetrics),
+    on_step: impl FnMut(&StepMetrics),
 ) -> Result<(CausalLm, Vec<StepMetrics>), String> {
-    if corpus.vocab_size() > model_config.vocab_size {
-        return Err(format!(
-            "the data uses {} token ids but the model's vocabulary has {}",
-            corpus.vocab_size(),
-            model_config.vocab_size
-        ));
-    }
-    if c.seq_len < 2 || c.batch_size == 0 || c.steps == 0 {
-        return Err("--seq-len must be ≥ 2, --batch-size and --steps ≥ 1".into());
-    }
-    let device = device.clone().autodiff();
-    device.seed(c.seed);
-    let mut model = model_config.init(&device);
-    let mut optim = AdamWConfig::new()
-        .with_beta_2(0.95)
-        .with_weight_decay(c.weight_decay as f32)
-        .with_grad_clipping((c.grad_clip > 0.0).then_some(GradientClippingConfig::Norm(c.grad_clip as f32)))
-        .init();
-    let tokens_per_step = (c.batch_size * (c.seq_len - 1)) as f64;
-    let mut all = Vec::with_capacity(c.steps);
-    for step in 0..c.steps {
-        let start = Instant::now();
-        let ids = corpus.batch(c.batch_size, c.seq_len);
-        let ids_bs = Tensor::<2, Int>::from_data(TensorData::new(ids, [c.batch_size, c.seq_len]), &device);
-        let out = model.loss(ids_bs);
-        let loss: f64 = out.cross_entropy.clone().into_scalar::<f32>() as f64;
-        let total_loss: f64 = out.total.clone().into_scalar::<f32>() as f64;
-        if !loss.is_finite() {
-            return Err(format!("step {step}: the loss is {loss}; lower --lr"));
-        }
-        let grads = GradientsParams::from_grads(out.total.backward(), &model);
-        let lr = learning_rate(c, step);
-        model = optim.step(lr, model, grads);
-        model = model.update_router_biases(&out.moe, c.bias_update_rate);
-        let dt = start.elapsed().as_secs_f64();
-        let flops_per_s = flops_per_token * tokens_per_step / dt;
-        let m = StepMetrics {
-            step,
-            loss,
-            total_loss,
-            lr,
-            tokens_per_s: tokens_per_step / dt,
-            flops_per_s,
-            mfu: flops_per_s / peak_flops,
-            expert_load: out.moe.iter().map(|s| s.imbalance()).collect(),
-            step_time_s: dt,
-        };
-        on_step(&m);
-        all.push(m);
-    }
-    Ok((model, all))
+    let single = piper_comm::LocalComm::single();
+    let topo = piper_comm::Topology::uniform(1, 1).map_err(|e| e.to_string())?;
+    let layout = crate::parallel::train::Layout { ep: 1, dp: 1 };
+    crate::parallel::train::train_parallel(
+        model_config,
+        corpus,
+        c,
+        &single,
+        &topo,
+        layout,
+        piper_comm::Algo::Flat,
+        device,
+        flops_per_token,
+        peak_flops,
+        on_step,
+    )
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ fn losses(world: &dyn Communicator, layout: Layout, per_node: usize, algo: Algo)
     let mut corpus = Grammar::new(16, 3, 9);
     train_parallel(&model(), &mut corpus, &config(), world, &topo, layout, algo, &Device::flex(), 1.0, 1.0, |_| {})
         .unwrap()
+        .1
         .iter()
         .map(|m| m.loss)
         .collect()

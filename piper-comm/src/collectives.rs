@@ -168,6 +168,16 @@ pub fn all_reduce_sum_f32_by_gather<C: Communicator + ?Sized>(comm: &C, data: &m
     Ok(())
 }
 
+/// Group ranks of `comm` that share `color`, ordered as MPI_Comm_split orders them: by (key, rank).
+/// Collective over `comm`.
+pub fn split_members<C: Communicator + ?Sized>(comm: &C, color: u64, key: u64, name: &str) -> Result<Vec<usize>> {
+    let all = all_gather(comm, &[color, key], &format!("split into `{name}`"))?;
+    let mut members: Vec<(u64, usize)> =
+        all.iter().enumerate().filter(|(_, ck)| ck[0] == color).map(|(r, ck)| (ck[1], r)).collect();
+    members.sort_unstable();
+    Ok(members.into_iter().map(|(_, r)| r).collect())
+}
+
 /// Copies bytes into a vector of `T` (no alignment requirement on the input).
 pub fn from_bytes<T: Pod>(bytes: &[u8]) -> Vec<T> {
     let size = std::mem::size_of::<T>();

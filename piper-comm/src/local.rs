@@ -9,7 +9,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::collectives::all_gather;
+use crate::collectives::split_members;
 use crate::communicator::{Communicator, MAX_USER_TAG, Pending, check_peer};
 use crate::error::{CommError, Result};
 
@@ -187,20 +187,17 @@ impl Communicator for LocalComm {
         Ok(Box::new(LocalRecv { shared: self.shared.clone(), me_world, key, ticket, peer: src, len, data: None }))
     }
     fn split(&self, color: u64, key: u64, name: &str) -> Result<Box<dyn Communicator>> {
-        let all = all_gather(self, &[color, key], &format!("split into `{name}`"))?;
-        let mut members: Vec<(u64, usize)> =
-            all.iter().enumerate().filter(|(_, ck)| ck[0] == color).map(|(r, ck)| (ck[1], r)).collect();
-        members.sort_unstable();
+        let members = split_members(self, color, key, name)?;
         let seq = self.splits.get();
         self.splits.set(seq + 1);
         let mut h = DefaultHasher::new();
         (self.id, seq, color).hash(&mut h);
-        let rank = members.iter().position(|(_, r)| *r == self.rank).expect("a rank is in its own color");
+        let rank = members.iter().position(|r| *r == self.rank).expect("a rank is in its own color");
         Ok(Box::new(LocalComm {
             shared: self.shared.clone(),
             id: h.finish(),
             rank,
-            world_ranks: members.iter().map(|(_, r)| self.world_ranks[*r]).collect(),
+            world_ranks: members.iter().map(|r| self.world_ranks[*r]).collect(),
             name: name.to_string(),
             timeout: self.timeout,
             splits: Cell::new(0),

@@ -12,7 +12,7 @@ use mpi::raw::AsRaw;
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::Communicator as _;
 
-use crate::collectives::{all_gather, displacements};
+use crate::collectives::{displacements, split_members};
 use crate::communicator::{Communicator, Pending, check_peer, timeout_error};
 use crate::error::{CommError, Result};
 
@@ -213,10 +213,7 @@ impl Communicator for MpiComm {
         let color_i = to_c_int(&op, "color", color as usize)?;
         let key_i = to_c_int(&op, "key", key as usize)?;
         // Members and their world ranks, computed like MPI_Comm_split orders them: by (key, rank).
-        let all = all_gather(self, &[color, key], &op)?;
-        let mut members: Vec<(u64, usize)> =
-            all.iter().enumerate().filter(|(_, ck)| ck[0] == color).map(|(r, ck)| (ck[1], r)).collect();
-        members.sort_unstable();
+        let members = split_members(self, color, key, name)?;
         let comm = self
             .comm
             .split_by_color_with_key(Color::with_value(color_i), key_i)
@@ -224,7 +221,7 @@ impl Communicator for MpiComm {
         Ok(Box::new(MpiComm {
             comm,
             name: name.to_string(),
-            world_ranks: members.iter().map(|(_, r)| self.world_ranks[*r]).collect(),
+            world_ranks: members.iter().map(|r| self.world_ranks[*r]).collect(),
             timeout: self.timeout,
             poisoned: RefCell::new(None),
         }))

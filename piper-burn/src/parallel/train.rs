@@ -55,8 +55,29 @@ fn reduce<const D: usize>(grads: &mut GradientsParams, id: ParamId, comm: &dyn C
     Ok(())
 }
 
+/// Tokens per expert summed over all ranks, so selection-bias updates see the global load (as the
+/// one-process run does).
+fn global_load(moe: &[crate::moe::MoeStats], world: &dyn Communicator) -> Result<Vec<crate::moe::MoeStats>, String> {
+    if world.size() == 1 || moe.is_empty() {
+        return Ok(moe.to_vec());
+    }
+    let mut counts: Vec<f32> = moe.iter().flat_map(|m| m.tokens_per_expert.iter().map(|c| *c as f32)).collect();
+    world.all_reduce_sum_f32(&mut counts, "expert load all-reduce").map_err(|e| e.to_string())?;
+    let mut at = 0;
+    Ok(moe
+        .iter()
+        .map(|m| {
+            let n = m.tokens_per_expert.len();
+            let tokens_per_expert = counts[at..at + n].iter().map(|c| *c as usize).collect();
+            at += n;
+            crate::moe::MoeStats { tokens_per_expert, ..m.clone() }
+        })
+        .collect())
+}
+
 /// Trains with `layout` over `world` (whose size must be EP · DP). Every rank gets the same metrics
-/// (losses are averaged over the ranks). `c.batch_size` is the global batch.
+/// (losses are averaged over the ranks). `c.batch_size` is the global batch. Returns this rank's model
+/// (its own expert shards) and the metrics.
 #[allow(clippy::too_many_arguments)]
 pub fn train_parallel(
     model_config: &CausalLmConfig,
@@ -70,8 +91,11 @@ pub fn train_parallel(
     flops_per_token: f64,
     peak_flops: f64,
     mut on_step: impl FnMut(&StepMetrics),
-) -> Result<Vec<StepMetrics>, String> {
+) -> Result<(CausalLm, Vec<StepMetrics>), String> {
     let ranks = layout.ep * layout.dp;
+    if c.seq_len < 2 || c.batch_size == 0 || c.steps == 0 {
+        return Err("--seq-len must be ≥ 2, --batch-size and --steps ≥ 1".into());
+    }
     if world.size() != ranks {
         return Err(format!(
             "--ep {} × --dp {} = {ranks} ranks, but the job has {}; start it with that many ranks",
@@ -166,7 +190,7 @@ pub fn train_parallel(
         }
         let lr = learning_rate(c, step);
         model = optim.step(lr, model, grads);
-        model = model.update_router_biases(&out.moe, c.bias_update_rate);
+        model = model.update_router_biases(&global_load(&out.moe, world)?, c.bias_update_rate);
         let dt = start.elapsed().as_secs_f64();
         let flops_per_s = flops_per_token * tokens_per_step / dt;
         let m = StepMetrics {
@@ -183,5 +207,5 @@ pub fn train_parallel(
         on_step(&m);
         all.push(m);
     }
-    Ok(all)
+    Ok((model, all))
 }
