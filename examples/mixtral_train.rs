@@ -81,6 +81,13 @@ struct Args {
     /// Pipeline stages (only 1 today).
     #[arg(long, default_value_t = 1)]
     pp: usize,
+    /// `auto`: ask the planner for the layout of the ranks this job has (overrides --ep/--dp).
+    #[arg(long)]
+    plan: Option<String>,
+    /// Platform the planner uses with --plan auto: `local` (this machine; calibrated if
+    /// `piper-comm calibrate` ran) or a TOML file.
+    #[arg(long, default_value = "local")]
+    platform: String,
     /// Expert all-to-all algorithm.
     #[arg(long = "all-to-all", value_enum, default_value_t = AlgoArg::Flat)]
     all_to_all: AlgoArg,
@@ -111,7 +118,16 @@ fn device(backend: Backend) -> Result<burn::tensor::Device, String> {
     }
 }
 
-fn run(a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
+fn run(mut a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
+    let planned = match a.plan.as_deref() {
+        None => None,
+        Some("auto") => Some(plan_layout(&a, world.comm.size())?),
+        Some(other) => return Err(format!("--plan `{other}`: only `auto` is supported")),
+    };
+    if let Some(p) = &planned {
+        a.ep = p.ep as usize;
+        a.dp = p.dp as usize;
+    }
     if a.pp != 1 {
         return Err(format!("--pp {}: pipeline stages are not implemented yet (issue #5); use --pp 1", a.pp));
     }
@@ -238,6 +254,22 @@ fn run(a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
     if let Some(e) = write_error {
         return Err(format!("--metrics: {e}"));
     }
+    if let Some(p) = &planned {
+        // Skip the first steps (allocation, warm-up) when measuring.
+        let steady = &all[all.len().min(3).min(all.len() - 1)..];
+        let step_s = steady.iter().map(|m| m.step_time_s).sum::<f64>() / steady.len() as f64;
+        let tps = steady.iter().map(|m| m.tokens_per_s).sum::<f64>() / steady.len() as f64;
+        let err = |measured: f64, predicted: f64| 100.0 * (predicted - measured) / measured;
+        say!(
+            "plan vs measured: step {:.2} ms predicted, {:.2} ms measured ({:+.0}%); {:.0} tokens/s predicted, {:.0} measured ({:+.0}%)",
+            p.step_time_s * 1e3,
+            step_s * 1e3,
+            err(step_s, p.step_time_s),
+            p.tokens_per_s,
+            tps,
+            err(tps, p.tokens_per_s)
+        );
+    }
     let tail = &all[all.len().saturating_sub(10)..];
     let final_loss = tail.iter().map(|m| m.loss).sum::<f64>() / tail.len() as f64;
     let mean_tps = all.iter().map(|m| m.tokens_per_s).sum::<f64>() / all.len() as f64;
@@ -247,6 +279,42 @@ fn run(a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
     say!("first loss {:.4}, final loss (mean of last {}) {:.4}{best}", all[0].loss, tail.len(), final_loss);
     say!("mean {:.0} tokens/s, MFU {:.1}% of the measured peak × ranks", mean_tps, 100.0 * mean_mfu);
     Ok(())
+}
+
+/// The planner's best executable layout for `ranks` ranks: one pipeline stage and one micro-batch per
+/// step (what the runtime runs today), f32, no recomputation.
+fn plan_layout(a: &Args, ranks: usize) -> Result<piper::planner::planner::PlanCandidate, String> {
+    use piper::planner::layout::{Recompute, Schedule};
+    use piper::planner::planner::{EpDomain, PlanRequest, plan};
+    let spec = resolve_model(&a.preset).map_err(|e| e.to_string())?;
+    let platform = piper::planner::platform::resolve_platform(&a.platform).map_err(|e| e.to_string())?;
+    let mut req = PlanRequest::new(ranks as u64, a.batch_size as u64, (a.seq_len - 1) as u64);
+    req.base.dtype = "fp32".into();
+    req.pp = Some(1);
+    req.schedules = vec![Schedule::OneFOneB];
+    req.recomputes = vec![Recompute::None];
+    req.ep_domain = EpDomain::Any;
+    req.micro_batch_sizes = (1..=a.batch_size as u64).collect();
+    req.top = usize::MAX;
+    let report = plan(&spec, &platform, &req).map_err(|e| e.to_string())?;
+    let best = report.plans.into_iter().find(|p| p.num_micro_batches == 1).ok_or_else(|| {
+        let reasons: Vec<String> = report.rejected.iter().map(|r| r.reason.clone()).collect();
+        format!("--plan auto: no executable layout for {ranks} ranks ({})", reasons.join("; "))
+    })?;
+    if ranks == 1 || std::env::var("OMPI_COMM_WORLD_RANK").map_or(true, |r| r == "0") {
+        println!(
+            "plan ({} platform): EP={} × DP={}, {} all-to-all; predicted step {:.2} ms, {:.0} tokens/s, peak memory {:.2} GiB, MFU {:.1}%",
+            platform.name,
+            best.ep,
+            best.dp,
+            best.all_to_all.name(),
+            best.step_time_s * 1e3,
+            best.tokens_per_s,
+            best.peak_memory_bytes / (1u64 << 30) as f64,
+            100.0 * best.mfu
+        );
+    }
+    Ok(best)
 }
 
 /// Fault injection for the failure tests: `PIPER_FAULT_RANK=r PIPER_FAULT_STEP=s PIPER_FAULT=exit|hang`

@@ -165,6 +165,16 @@ fn a_hung_rank_is_named_and_a_dead_rank_ends_the_job() {
 }
 
 #[test]
+fn plan_auto_picks_a_layout_and_reports_its_prediction_error() {
+    let mut cmd = Command::new(example());
+    cmd.args(COMMON).args(["--plan", "auto", "--steps", "5"]);
+    let (ok, out) = run(cmd, Duration::from_secs(120));
+    assert!(ok, "{out}");
+    assert!(out.contains("plan (local platform): EP=1 × DP=1"), "{out}");
+    assert!(out.contains("plan vs measured: step"), "{out}");
+}
+
+#[test]
 fn bad_layouts_are_refused_with_the_reason() {
     let mut cmd = Command::new(example());
     cmd.args(COMMON).args(["--ep", "2"]);
