@@ -88,16 +88,25 @@ impl CausalLmConfig {
 }
 
 impl CausalLm {
-    /// # Shapes
-    /// - `ids_bs`: `[b, s]` token ids → logits `[b, s, v]`
-    pub fn forward(&self, ids_bs: Tensor<2, Int>) -> LmOutput {
-        let mut x_bsd = self.embed.forward(ids_bs);
+    /// Token embeddings. `ids_bs`: `[b, s]` → `[b, s, d]`.
+    pub fn embed_tokens(&self, ids_bs: Tensor<2, Int>) -> Tensor<3> {
+        self.embed.forward(ids_bs)
+    }
+
+    /// Runs the decoder layers `layers` (a pipeline stage's share). `x_bsd`: `[b, s, d]` → `[b, s, d]`,
+    /// with the MoE statistics of its MoE layers.
+    pub fn forward_layers(&self, mut x_bsd: Tensor<3>, layers: std::ops::Range<usize>) -> (Tensor<3>, Vec<MoeStats>) {
         let mut moe = Vec::new();
-        for layer in &self.layers {
+        for layer in &self.layers[layers] {
             let (y, stats) = layer.forward(x_bsd);
             x_bsd = y;
             moe.extend(stats);
         }
+        (x_bsd, moe)
+    }
+
+    /// Final norm and LM head. `x_bsd`: `[b, s, d]` → logits `[b, s, v]`.
+    pub fn head(&self, x_bsd: Tensor<3>) -> Tensor<3> {
         let h_bsd = self.norm.forward(x_bsd);
         let [b, s, d] = h_bsd.dims();
         let head_dv = match &self.lm_head_dv {
@@ -105,30 +114,51 @@ impl CausalLm {
             None => self.embed.weight.val().transpose(),
         };
         let v = head_dv.dims()[1];
-        let logits_bsv = h_bsd.reshape([b * s, d]).matmul(head_dv).reshape([b, s, v]);
-        LmOutput { logits_bsv, moe }
+        h_bsd.reshape([b * s, d]).matmul(head_dv).reshape([b, s, v])
+    }
+
+    /// Mean next-token cross-entropy of logits `[b, s, v]` against `targets_bs` `[b, s]`.
+    pub fn cross_entropy(&self, logits_bsv: Tensor<3>, targets_bs: Tensor<2, Int>) -> Tensor<1> {
+        let [b, s, v] = logits_bsv.dims();
+        let logits = logits_bsv.reshape([b * s, v]);
+        CrossEntropyLossConfig::new().init(&logits.device()).forward(logits, targets_bs.reshape([b * s]))
+    }
+
+    /// The router-loss terms of `moe` (some of the model's `num_moe_layers` MoE layers), weighted as
+    /// in the training loss.
+    pub fn router_losses(&self, moe: &[MoeStats], num_moe_layers: usize) -> Option<Tensor<1>> {
+        let n = num_moe_layers.max(1) as f64;
+        let mut terms = Vec::new();
+        if self.aux_loss_coef > 0.0 {
+            terms.extend(moe.iter().map(|m| m.aux_loss.clone() * (self.aux_loss_coef / n)));
+        }
+        if self.z_loss_coef > 0.0 {
+            terms.extend(moe.iter().map(|m| m.z_loss.clone() * (self.z_loss_coef / n)));
+        }
+        terms.into_iter().reduce(|a, b| a + b)
+    }
+
+    /// MoE layers in the model.
+    pub fn num_moe_layers(&self) -> usize {
+        self.layers.iter().filter(|l| l.moe.is_some()).count()
+    }
+
+    /// # Shapes
+    /// - `ids_bs`: `[b, s]` token ids → logits `[b, s, v]`
+    pub fn forward(&self, ids_bs: Tensor<2, Int>) -> LmOutput {
+        let (x_bsd, moe) = self.forward_layers(self.embed_tokens(ids_bs), 0..self.layers.len());
+        LmOutput { logits_bsv: self.head(x_bsd), moe }
     }
 
     /// Next-token loss on `ids_bs` (predicting positions 1.. from 0..), plus the router losses.
     pub fn loss(&self, ids_bs: Tensor<2, Int>) -> LmLoss {
-        let [b, s] = ids_bs.dims();
+        let [_, s] = ids_bs.dims();
         let out = self.forward(ids_bs.clone().narrow(1, 0, s - 1));
-        let v = out.logits_bsv.dims()[2];
-        let logits = out.logits_bsv.reshape([b * (s - 1), v]);
-        let targets = ids_bs.narrow(1, 1, s - 1).reshape([b * (s - 1)]);
-        let cross_entropy = CrossEntropyLossConfig::new().init(&logits.device()).forward(logits, targets);
-        let mut total = cross_entropy.clone();
-        if !out.moe.is_empty() {
-            let n = out.moe.len() as f64;
-            if self.aux_loss_coef > 0.0 {
-                let aux = out.moe.iter().map(|m| m.aux_loss.clone()).reduce(|a, b| a + b).expect("non-empty");
-                total = total + aux * (self.aux_loss_coef / n);
-            }
-            if self.z_loss_coef > 0.0 {
-                let z = out.moe.iter().map(|m| m.z_loss.clone()).reduce(|a, b| a + b).expect("non-empty");
-                total = total + z * (self.z_loss_coef / n);
-            }
-        }
+        let cross_entropy = self.cross_entropy(out.logits_bsv, ids_bs.narrow(1, 1, s - 1));
+        let total = match self.router_losses(&out.moe, out.moe.len()) {
+            Some(r) => cross_entropy.clone() + r,
+            None => cross_entropy.clone(),
+        };
         LmLoss { total, cross_entropy, moe: out.moe }
     }
 
