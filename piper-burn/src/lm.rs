@@ -162,6 +162,19 @@ impl CausalLm {
         LmLoss { total, cross_entropy, moe: out.moe }
     }
 
+    /// Applies DeepSeek-V3's bias update to the MoE layers from layer `first` on, one stat each in order
+    /// (a pipeline stage's layers).
+    pub fn update_router_biases_from(mut self, first: usize, moe: &[MoeStats], rate: f64) -> Self {
+        let mut stats = moe.iter();
+        for layer in self.layers.iter_mut().skip(first) {
+            let Some(s) = (if layer.moe.is_some() { stats.next() } else { None }) else { continue };
+            let block = layer.moe.take().expect("checked");
+            let router = block.router.update_selection_bias(&s.tokens_per_expert, rate);
+            layer.moe = Some(crate::moe::MoeBlock { router, ..block });
+        }
+        self
+    }
+
     /// Applies DeepSeek-V3's bias update to every router that uses a selection bias.
     pub fn update_router_biases(mut self, moe: &[MoeStats], rate: f64) -> Self {
         let mut stats = moe.iter();

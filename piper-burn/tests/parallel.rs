@@ -109,3 +109,37 @@ fn bad_layouts_are_refused_before_any_work() {
     });
     assert!(err[0].contains("divisible by EP·DP = 3") || err[0].contains("must divide the 8 experts"), "{}", err[0]);
 }
+
+mod pipelined {
+    use super::*;
+    use piper_burn::parallel::pipeline::{PipelineLayout, train_pipelined};
+    use piper_planner::layout::Schedule;
+
+    fn run(world: &dyn Communicator, layout: &PipelineLayout, algo: Algo) -> Vec<f64> {
+        let topo = Topology::uniform(world.size(), 2.min(world.size())).unwrap();
+        let mut corpus = Grammar::new(16, 3, 9);
+        train_pipelined(&model(), &mut corpus, &config(), world, &topo, layout, algo, &Device::flex(), 1.0, 1.0, |_| {})
+            .unwrap()
+            .iter()
+            .map(|m| m.loss)
+            .collect()
+    }
+
+    #[test]
+    fn pipeline_stages_equal_one_process() {
+        let single = losses(&LocalComm::single(), Layout { ep: 1, dp: 1 }, 1, Algo::Flat);
+        let cases = [
+            (2, PipelineLayout { pp: 2, ep: 1, dp: 1, micro_batches: 4, schedule: Schedule::OneFOneB, split: None }),
+            (2, PipelineLayout { pp: 2, ep: 1, dp: 1, micro_batches: 2, schedule: Schedule::GPipe, split: None }),
+            (4, PipelineLayout { pp: 2, ep: 2, dp: 1, micro_batches: 2, schedule: Schedule::OneFOneB, split: None }),
+            (4, PipelineLayout { pp: 2, ep: 1, dp: 2, micro_batches: 2, schedule: Schedule::OneFOneB, split: None }),
+        ];
+        for (ranks, layout) in cases {
+            let runs = LocalWorld::run(ranks, |c| run(&c, &layout, Algo::Flat));
+            for r in &runs {
+                assert_eq!(r, &runs[0], "every rank reports the same losses");
+            }
+            assert_same(&format!("{layout:?}"), &runs[0], &single);
+        }
+    }
+}

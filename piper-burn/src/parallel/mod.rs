@@ -3,3 +3,4 @@
 
 pub mod exchange;
 pub mod train;
+pub mod pipeline;

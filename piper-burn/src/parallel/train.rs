@@ -28,7 +28,7 @@ pub struct Layout {
 }
 
 /// Parameter ids and ranks of every float parameter.
-struct Collect(Vec<(ParamId, usize)>);
+pub(crate) struct Collect(pub(crate) Vec<(ParamId, usize)>);
 
 impl ModuleVisitor for Collect {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
@@ -36,7 +36,7 @@ impl ModuleVisitor for Collect {
     }
 }
 
-fn expert_param_ids(model: &CausalLm) -> Vec<ParamId> {
+pub(crate) fn expert_param_ids(model: &CausalLm) -> Vec<ParamId> {
     model
         .layers
         .iter()
@@ -45,7 +45,7 @@ fn expert_param_ids(model: &CausalLm) -> Vec<ParamId> {
         .collect()
 }
 
-fn reduce<const D: usize>(grads: &mut GradientsParams, id: ParamId, comm: &dyn Communicator) -> Result<(), String> {
+pub(crate) fn reduce<const D: usize>(grads: &mut GradientsParams, id: ParamId, comm: &dyn Communicator) -> Result<(), String> {
     let Some(g) = grads.remove::<D>(id) else { return Ok(()) };
     let device = g.device();
     let shape = g.shape();
@@ -57,7 +57,7 @@ fn reduce<const D: usize>(grads: &mut GradientsParams, id: ParamId, comm: &dyn C
 
 /// Tokens per expert summed over all ranks, so selection-bias updates see the global load (as the
 /// one-process run does).
-fn global_load(moe: &[crate::moe::MoeStats], world: &dyn Communicator) -> Result<Vec<crate::moe::MoeStats>, String> {
+pub(crate) fn global_load(moe: &[crate::moe::MoeStats], world: &dyn Communicator) -> Result<Vec<crate::moe::MoeStats>, String> {
     if world.size() == 1 || moe.is_empty() {
         return Ok(moe.to_vec());
     }
