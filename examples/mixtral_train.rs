@@ -19,8 +19,10 @@ use piper::comm::alltoall::Algo;
 use piper::comm::launch::init_world;
 use piper::models::{lm_config, resolve_model};
 use piper::modules::corpus::{Corpus, Grammar, TextBytes};
+use piper::modules::parallel::pipeline::{PipelineLayout, train_pipelined};
 use piper::modules::parallel::train::{Layout, train_parallel};
 use piper::modules::train::{TrainConfig, measure_peak_flops};
+use piper::planner::layout::Schedule;
 use piper::planner::model::{active_params, param_breakdown, training_flops_per_token};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -78,9 +80,15 @@ struct Args {
     /// Data-parallel replicas (multi-rank runs; EP·DP must equal the ranks).
     #[arg(long, default_value_t = 1)]
     dp: usize,
-    /// Pipeline stages (only 1 today).
+    /// Pipeline stages (PP·EP·DP must equal the ranks).
     #[arg(long, default_value_t = 1)]
     pp: usize,
+    /// Micro-batches per step (pipelined runs).
+    #[arg(long, default_value_t = 1)]
+    micro_batches: usize,
+    /// Pipeline schedule.
+    #[arg(long, value_enum, default_value_t = ScheduleArg::OneFOneB)]
+    schedule: ScheduleArg,
     /// `auto`: ask the planner for the layout of the ranks this job has (overrides --ep/--dp).
     #[arg(long)]
     plan: Option<String>,
@@ -94,6 +102,13 @@ struct Args {
     /// Clip each parameter's gradient to this norm (0: off).
     #[arg(long, default_value_t = 1.0)]
     grad_clip: f64,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ScheduleArg {
+    Gpipe,
+    #[value(name = "1f1b")]
+    OneFOneB,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -128,21 +143,18 @@ fn run(mut a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
         a.ep = p.ep as usize;
         a.dp = p.dp as usize;
     }
-    if a.pp != 1 {
-        return Err(format!("--pp {}: pipeline stages are not implemented yet (issue #5); use --pp 1", a.pp));
-    }
-    if a.ep == 0 || a.dp == 0 {
-        return Err("--ep and --dp must be ≥ 1".into());
+    if a.pp == 0 || a.ep == 0 || a.dp == 0 || a.micro_batches == 0 {
+        return Err("--pp, --ep, --dp and --micro-batches must be ≥ 1".into());
     }
     let comm = world.comm.as_ref();
-    if comm.size() != a.ep * a.dp {
+    let ranks = a.pp * a.ep * a.dp;
+    if comm.size() != ranks {
         return Err(format!(
-            "--ep {} × --dp {} = {} ranks, but the job has {}; launch with mpirun -np {}",
+            "--pp {} × --ep {} × --dp {} = {ranks} ranks, but the job has {}; launch with mpirun -np {ranks}",
+            a.pp,
             a.ep,
             a.dp,
-            a.ep * a.dp,
-            comm.size(),
-            a.ep * a.dp
+            comm.size()
         ));
     }
     let lead = comm.rank() == 0;
@@ -186,14 +198,16 @@ fn run(mut a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
     say!("backend {:?}; measured peak (f32 GEMM 1024³) {:.1} GFLOP/s — MFU is relative to it", a.backend, peak / 1e9);
     if comm.size() > 1 {
         say!(
-            "{} ranks on {} node(s): EP={} × DP={}, {:?} all-to-all; global batch {} = {} per rank",
+            "{} ranks on {} node(s): PP={} × EP={} × DP={}, {:?} all-to-all, {} micro-batches ({:?}); global batch {}",
             comm.size(),
             topo.num_nodes(),
+            a.pp,
             a.ep,
             a.dp,
             a.all_to_all,
-            a.batch_size,
-            a.batch_size / comm.size()
+            a.micro_batches,
+            a.schedule,
+            a.batch_size
         );
     }
     let fault = Fault::from_env(comm.rank());
@@ -209,47 +223,75 @@ fn run(mut a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
         AlgoArg::Pairwise => Algo::Pairwise,
         AlgoArg::Halo => Algo::Halo,
     };
-    let layout = Layout { ep: a.ep, dp: a.dp };
-    let (_, all) = train_parallel(
-        &model_config,
-        corpus.as_mut(),
-        &c,
-        comm,
-        &topo,
-        layout,
-        algo,
-        &dev,
-        flops_per_token,
-        peak,
-        |m| {
-            fault.maybe_trigger(m.step);
-            bar.inc(1);
-            bar.set_message(format!(
-                "loss {:.4} | {:.0} tok/s | {:.2} GFLOP/s | MFU {:.1}%",
+    let mut on_step = |m: &piper::modules::train::StepMetrics| {
+        fault.maybe_trigger(m.step);
+        bar.inc(1);
+        bar.set_message(format!(
+            "loss {:.4} | {:.0} tok/s | {:.2} GFLOP/s | MFU {:.1}%",
+            m.loss,
+            m.tokens_per_s,
+            m.flops_per_s / 1e9,
+            100.0 * m.mfu
+        ));
+        if let Some(f) = metrics_file.as_mut()
+            && let Err(e) = writeln!(f, "{}", serde_json::to_string(m).expect("metrics serialise"))
+        {
+            write_error.get_or_insert(e.to_string());
+        }
+        if lead && a.log_every > 0 && (m.step % a.log_every == 0 || m.step + 1 == a.steps) {
+            let load: Vec<String> = m.expert_load.iter().map(|x| format!("{x:.2}")).collect();
+            let line = format!(
+                "step {:>5}  loss {:.4}  lr {:.2e}  {:.0} tok/s  expert load max/mean per layer [{}]",
+                m.step,
                 m.loss,
+                m.lr,
                 m.tokens_per_s,
-                m.flops_per_s / 1e9,
-                100.0 * m.mfu
-            ));
-            if let Some(f) = metrics_file.as_mut()
-                && let Err(e) = writeln!(f, "{}", serde_json::to_string(m).expect("metrics serialise"))
-            {
-                write_error.get_or_insert(e.to_string());
-            }
-            if lead && a.log_every > 0 && (m.step % a.log_every == 0 || m.step + 1 == a.steps) {
-                let load: Vec<String> = m.expert_load.iter().map(|x| format!("{x:.2}")).collect();
-                let line = format!(
-                    "step {:>5}  loss {:.4}  lr {:.2e}  {:.0} tok/s  expert load max/mean per layer [{}]",
-                    m.step,
-                    m.loss,
-                    m.lr,
-                    m.tokens_per_s,
-                    load.join(", ")
-                );
-                if a.no_progress { println!("{line}") } else { bar.println(line) }
-            }
-        },
-    )?;
+                load.join(", ")
+            );
+            if a.no_progress { println!("{line}") } else { bar.println(line) }
+        }
+    };
+    let all = if a.pp == 1 && a.micro_batches == 1 {
+        train_parallel(
+            &model_config,
+            corpus.as_mut(),
+            &c,
+            comm,
+            &topo,
+            Layout { ep: a.ep, dp: a.dp },
+            algo,
+            &dev,
+            flops_per_token,
+            peak,
+            &mut on_step,
+        )?
+        .1
+    } else {
+        let layout = PipelineLayout {
+            pp: a.pp,
+            ep: a.ep,
+            dp: a.dp,
+            micro_batches: a.micro_batches,
+            schedule: match a.schedule {
+                ScheduleArg::Gpipe => Schedule::GPipe,
+                ScheduleArg::OneFOneB => Schedule::OneFOneB,
+            },
+            split: None,
+        };
+        train_pipelined(
+            &model_config,
+            corpus.as_mut(),
+            &c,
+            comm,
+            &topo,
+            &layout,
+            algo,
+            &dev,
+            flops_per_token,
+            peak,
+            &mut on_step,
+        )?
+    };
     bar.finish_and_clear();
     if let Some(e) = write_error {
         return Err(format!("--metrics: {e}"));

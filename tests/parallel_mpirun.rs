@@ -1,5 +1,5 @@
-//! `mixtral_train` under mpirun equals the one-process run: 4 ranks as EP=4, EP=2×DP=2 (HALO) and DP=4
-//! give the same loss curve over 20 steps, within 1e-4 relative per step (auxiliary loss and per-tensor
+//! `mixtral_train` under mpirun equals the one-process run: 4 ranks as EP=4, EP=2×DP=2 (HALO), DP=4,
+//! PP=2×EP=2 (1F1B, 4 micro-batches) and PP=2×DP=2 (GPipe, 2 micro-batches) give the same loss curve over 20 steps, within 1e-4 relative per step (auxiliary loss and per-tensor
 //! gradient clipping off: both are computed per rank by design). A rank that hangs is named by the
 //! others within the timeout, and the job ends; a rank that exits ends the job.
 //! Under CI (`CI=true`) a missing mpirun fails these tests; elsewhere they skip, loudly.
@@ -132,6 +132,8 @@ fn four_ranks_equal_one_process() {
         ("ep4", vec!["--ep", "4"]),
         ("ep2dp2-halo", vec!["--ep", "2", "--dp", "2", "--all-to-all", "halo"]),
         ("dp4", vec!["--dp", "4"]),
+        ("pp2ep2-1f1b", vec!["--pp", "2", "--ep", "2", "--micro-batches", "4"]),
+        ("pp2dp2-gpipe", vec!["--pp", "2", "--dp", "2", "--micro-batches", "2", "--schedule", "gpipe"]),
     ] {
         let path = dir.join(format!("{name}.jsonl"));
         let mut args = args.clone();
@@ -179,9 +181,9 @@ fn bad_layouts_are_refused_with_the_reason() {
     let mut cmd = Command::new(example());
     cmd.args(COMMON).args(["--ep", "2"]);
     let (ok, out) = run(cmd, Duration::from_secs(60));
-    assert!(!ok && out.contains("--ep 2 × --dp 1 = 2 ranks, but the job has 1"), "{out}");
+    assert!(!ok && out.contains("--pp 1 × --ep 2 × --dp 1 = 2 ranks, but the job has 1"), "{out}");
     let mut cmd = Command::new(example());
     cmd.args(COMMON).args(["--pp", "2"]);
     let (ok, out) = run(cmd, Duration::from_secs(60));
-    assert!(!ok && out.contains("--pp 2"), "{out}");
+    assert!(!ok && out.contains("--pp 2 × --ep 1 × --dp 1 = 2 ranks, but the job has 1"), "{out}");
 }

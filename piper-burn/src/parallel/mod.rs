@@ -2,5 +2,5 @@
 //! context of an MoE block, and the parallel training step.
 
 pub mod exchange;
-pub mod train;
 pub mod pipeline;
+pub mod train;

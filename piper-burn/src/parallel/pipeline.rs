@@ -113,7 +113,11 @@ pub fn train_pipelined(
     }
     let replicas = ep * dp;
     if c.batch_size % (replicas * m) != 0 {
-        return Err(format!("--batch-size {} must be divisible by EP·DP·micro-batches = {}", c.batch_size, replicas * m));
+        return Err(format!(
+            "--batch-size {} must be divisible by EP·DP·micro-batches = {}",
+            c.batch_size,
+            replicas * m
+        ));
     }
     if let Some(e) = model_config.layers.iter().find_map(|l| l.moe.as_ref()).map(|x| x.router.num_experts) {
         if e % ep != 0 {
@@ -132,8 +136,16 @@ pub fn train_pipelined(
     let (is_first, is_last) = (stage == 0, stage == pp - 1);
 
     let stage_comm = world.split(stage as u64, rank as u64, &format!("stage {stage}")).map_err(|e| e.to_string())?;
-    let expert_comm = world.split((stage * dp + dp_rank) as u64, rank as u64, &format!("expert group {dp_rank} of stage {stage}")).map_err(|e| e.to_string())?;
-    let expert_dp_comm = world.split((stage * ep + ep_rank) as u64, rank as u64, &format!("expert data-parallel group {ep_rank} of stage {stage}")).map_err(|e| e.to_string())?;
+    let expert_comm = world
+        .split((stage * dp + dp_rank) as u64, rank as u64, &format!("expert group {dp_rank} of stage {stage}"))
+        .map_err(|e| e.to_string())?;
+    let expert_dp_comm = world
+        .split(
+            (stage * ep + ep_rank) as u64,
+            rank as u64,
+            &format!("expert data-parallel group {ep_rank} of stage {stage}"),
+        )
+        .map_err(|e| e.to_string())?;
     let handle = register_group(expert_comm, topo.clone(), algo);
     let _release = GroupGuard(handle);
 
@@ -191,8 +203,12 @@ pub fn train_pipelined(
                     let input = if is_first {
                         None
                     } else {
-                        let got = wait_all(world, vec![world.irecv(prev, (2 * i) as u32, mbs * seq * d * 4).map_err(|e| e.to_string())?], &format!("stage {stage} receive activations of micro-batch {i}"))
-                            .map_err(|e| e.to_string())?;
+                        let got = wait_all(
+                            world,
+                            vec![world.irecv(prev, (2 * i) as u32, mbs * seq * d * 4).map_err(|e| e.to_string())?],
+                            &format!("stage {stage} receive activations of micro-batch {i}"),
+                        )
+                        .map_err(|e| e.to_string())?;
                         Some(from_bytes(&got[0], [mbs, seq, d], &device).require_grad())
                     };
                     let x = match &input {
@@ -209,19 +225,29 @@ pub fn train_pipelined(
                             None => ce * scale,
                         })
                     } else {
-                        sends.push(world.isend(next, (2 * i) as u32, to_bytes(out.clone().detach())?).map_err(|e| e.to_string())?);
+                        sends.push(
+                            world
+                                .isend(next, (2 * i) as u32, to_bytes(out.clone().detach())?)
+                                .map_err(|e| e.to_string())?,
+                        );
                         router
                     };
                     saved[i] = Some(Saved { input, output: out, local_loss, moe });
                 }
                 Op::Backward(i) => {
                     let i = i as usize;
-                    let s = saved[i].take().ok_or_else(|| format!("schedule bug: backward of micro-batch {i} before its forward"))?;
+                    let s = saved[i]
+                        .take()
+                        .ok_or_else(|| format!("schedule bug: backward of micro-batch {i} before its forward"))?;
                     let objective = if is_last {
                         s.local_loss.expect("the last stage keeps its loss")
                     } else {
-                        let got = wait_all(world, vec![world.irecv(next, (2 * i + 1) as u32, mbs * seq * d * 4).map_err(|e| e.to_string())?], &format!("stage {stage} receive gradients of micro-batch {i}"))
-                            .map_err(|e| e.to_string())?;
+                        let got = wait_all(
+                            world,
+                            vec![world.irecv(next, (2 * i + 1) as u32, mbs * seq * d * 4).map_err(|e| e.to_string())?],
+                            &format!("stage {stage} receive gradients of micro-batch {i}"),
+                        )
+                        .map_err(|e| e.to_string())?;
                         let g = from_bytes(&got[0], [mbs, seq, d], &device);
                         let vjp = (s.output * g).sum();
                         match s.local_loss {
@@ -263,7 +289,8 @@ pub fn train_pipelined(
                 *a += b;
             }
         }
-        model = model.update_router_biases_from(layers.start, &global_load(&per_layer, &*stage_comm)?, c.bias_update_rate);
+        model =
+            model.update_router_biases_from(layers.start, &global_load(&per_layer, &*stage_comm)?, c.bias_update_rate);
         let mut loss = [ce_sum / m as f32];
         world.all_reduce_sum_f32(&mut loss, "loss all-reduce").map_err(|e| e.to_string())?;
         let loss = loss[0] as f64 / replicas as f64;

@@ -45,7 +45,11 @@ pub(crate) fn expert_param_ids(model: &CausalLm) -> Vec<ParamId> {
         .collect()
 }
 
-pub(crate) fn reduce<const D: usize>(grads: &mut GradientsParams, id: ParamId, comm: &dyn Communicator) -> Result<(), String> {
+pub(crate) fn reduce<const D: usize>(
+    grads: &mut GradientsParams,
+    id: ParamId,
+    comm: &dyn Communicator,
+) -> Result<(), String> {
     let Some(g) = grads.remove::<D>(id) else { return Ok(()) };
     let device = g.device();
     let shape = g.shape();
@@ -57,7 +61,10 @@ pub(crate) fn reduce<const D: usize>(grads: &mut GradientsParams, id: ParamId, c
 
 /// Tokens per expert summed over all ranks, so selection-bias updates see the global load (as the
 /// one-process run does).
-pub(crate) fn global_load(moe: &[crate::moe::MoeStats], world: &dyn Communicator) -> Result<Vec<crate::moe::MoeStats>, String> {
+pub(crate) fn global_load(
+    moe: &[crate::moe::MoeStats],
+    world: &dyn Communicator,
+) -> Result<Vec<crate::moe::MoeStats>, String> {
     if world.size() == 1 || moe.is_empty() {
         return Ok(moe.to_vec());
     }
