@@ -238,7 +238,7 @@ fn run(mut a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
         {
             write_error.get_or_insert(e.to_string());
         }
-        if lead && a.log_every > 0 && (m.step % a.log_every == 0 || m.step + 1 == a.steps) {
+        if lead && a.log_every > 0 && (m.step.is_multiple_of(a.log_every) || m.step + 1 == a.steps) {
             let load: Vec<String> = m.expert_load.iter().map(|x| format!("{x:.2}")).collect();
             let line = format!(
                 "step {:>5}  loss {:.4}  lr {:.2e}  {:.0} tok/s  expert load max/mean per layer [{}]",

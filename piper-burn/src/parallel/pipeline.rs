@@ -112,17 +112,17 @@ pub fn train_pipelined(
         return Err(format!("--pp {pp} > {num_layers} layers"));
     }
     let replicas = ep * dp;
-    if c.batch_size % (replicas * m) != 0 {
+    if !c.batch_size.is_multiple_of(replicas * m) {
         return Err(format!(
             "--batch-size {} must be divisible by EP·DP·micro-batches = {}",
             c.batch_size,
             replicas * m
         ));
     }
-    if let Some(e) = model_config.layers.iter().find_map(|l| l.moe.as_ref()).map(|x| x.router.num_experts) {
-        if e % ep != 0 {
-            return Err(format!("--ep {ep} must divide the {e} experts"));
-        }
+    if let Some(e) = model_config.layers.iter().find_map(|l| l.moe.as_ref()).map(|x| x.router.num_experts)
+        && e % ep != 0
+    {
+        return Err(format!("--ep {ep} must divide the {e} experts"));
     }
     let split = match &layout.split {
         Some(s) => StageSplit(s.iter().map(|x| *x as u64).collect()),
@@ -267,7 +267,7 @@ pub fn train_pipelined(
             }
         }
         wait_all(world, sends, &format!("stage {stage} pipeline sends")).map_err(|e| e.to_string())?;
-        let mut grads = acc.unwrap_or_else(GradientsParams::new);
+        let mut grads = acc.unwrap_or_default();
         let expert_ids = expert_param_ids(&model);
         for &(id, dims) in &params.0 {
             let comm: &dyn Communicator = if expert_ids.contains(&id) { &*expert_dp_comm } else { &*stage_comm };
