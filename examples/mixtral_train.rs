@@ -140,8 +140,18 @@ fn run(mut a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
         Some(other) => return Err(format!("--plan `{other}`: only `auto` is supported")),
     };
     if let Some(p) = &planned {
+        a.pp = p.pp as usize;
         a.ep = p.ep as usize;
         a.dp = p.dp as usize;
+        a.micro_batches = p.num_micro_batches as usize;
+        a.schedule = match p.schedule {
+            Schedule::GPipe => ScheduleArg::Gpipe,
+            Schedule::OneFOneB => ScheduleArg::OneFOneB,
+        };
+        a.all_to_all = match p.all_to_all {
+            piper::planner::comm::A2aAlgo::Flat => AlgoArg::Flat,
+            piper::planner::comm::A2aAlgo::Halo => AlgoArg::Halo,
+        };
     }
     if a.pp == 0 || a.ep == 0 || a.dp == 0 || a.micro_batches == 0 {
         return Err("--pp, --ep, --dp and --micro-batches must be ≥ 1".into());
@@ -276,7 +286,7 @@ fn run(mut a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
                 ScheduleArg::Gpipe => Schedule::GPipe,
                 ScheduleArg::OneFOneB => Schedule::OneFOneB,
             },
-            split: None,
+            split: planned.as_ref().map(|p| p.split.iter().map(|x| *x as usize).collect()),
         };
         train_pipelined(
             &model_config,
@@ -302,6 +312,13 @@ fn run(mut a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
         let step_s = steady.iter().map(|m| m.step_time_s).sum::<f64>() / steady.len() as f64;
         let tps = steady.iter().map(|m| m.tokens_per_s).sum::<f64>() / steady.len() as f64;
         let err = |measured: f64, predicted: f64| 100.0 * (predicted - measured) / measured;
+        if let Some(b) = steady.iter().map(|m| m.bubble).sum::<Option<f64>>() {
+            say!(
+                "pipeline bubble: {:.1}% predicted, {:.1}% measured",
+                100.0 * p.bubble_fraction,
+                100.0 * b / steady.len() as f64
+            );
+        }
         say!(
             "plan vs measured: step {:.2} ms predicted, {:.2} ms measured ({:+.0}%); {:.0} tokens/s predicted, {:.0} measured ({:+.0}%)",
             p.step_time_s * 1e3,
@@ -323,8 +340,8 @@ fn run(mut a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
     Ok(())
 }
 
-/// The planner's best executable layout for `ranks` ranks: one pipeline stage and one micro-batch per
-/// step (what the runtime runs today), f32, no recomputation.
+/// The planner's best layout for `ranks` ranks that the runtime executes: any PP × EP × DP, micro-batch
+/// count and schedule, the plan's stage split, f32, no recomputation (not implemented in the runtime).
 fn plan_layout(a: &Args, ranks: usize) -> Result<piper::planner::planner::PlanCandidate, String> {
     use piper::planner::layout::{Recompute, Schedule};
     use piper::planner::planner::{EpDomain, PlanRequest, plan};
@@ -332,26 +349,30 @@ fn plan_layout(a: &Args, ranks: usize) -> Result<piper::planner::planner::PlanCa
     let platform = piper::planner::platform::resolve_platform(&a.platform).map_err(|e| e.to_string())?;
     let mut req = PlanRequest::new(ranks as u64, a.batch_size as u64, (a.seq_len - 1) as u64);
     req.base.dtype = "fp32".into();
-    req.pp = Some(1);
-    req.schedules = vec![Schedule::OneFOneB];
+    req.schedules = vec![Schedule::OneFOneB, Schedule::GPipe];
     req.recomputes = vec![Recompute::None];
     req.ep_domain = EpDomain::Any;
     req.micro_batch_sizes = (1..=a.batch_size as u64).collect();
     req.top = usize::MAX;
     let report = plan(&spec, &platform, &req).map_err(|e| e.to_string())?;
-    let best = report.plans.into_iter().find(|p| p.num_micro_batches == 1).ok_or_else(|| {
+    let best = report.plans.into_iter().next().ok_or_else(|| {
         let reasons: Vec<String> = report.rejected.iter().map(|r| r.reason.clone()).collect();
         format!("--plan auto: no executable layout for {ranks} ranks ({})", reasons.join("; "))
     })?;
     if ranks == 1 || std::env::var("OMPI_COMM_WORLD_RANK").map_or(true, |r| r == "0") {
         println!(
-            "plan ({} platform): EP={} × DP={}, {} all-to-all; predicted step {:.2} ms, {:.0} tokens/s, peak memory {:.2} GiB, MFU {:.1}%",
+            "plan ({} platform): PP={} × EP={} × DP={}, {} micro-batches ({}), split {:?}, {} all-to-all; predicted step {:.2} ms, {:.0} tokens/s, bubble {:.1}%, peak memory {:.2} GiB, MFU {:.1}%",
             platform.name,
+            best.pp,
             best.ep,
             best.dp,
+            best.num_micro_batches,
+            best.schedule.name(),
+            best.split,
             best.all_to_all.name(),
             best.step_time_s * 1e3,
             best.tokens_per_s,
+            100.0 * best.bubble_fraction,
             best.peak_memory_bytes / (1u64 << 30) as f64,
             100.0 * best.mfu
         );

@@ -55,6 +55,9 @@ pub struct StepMetrics {
     /// Max / mean tokens per expert, per MoE layer.
     pub expert_load: Vec<f64>,
     pub step_time_s: f64,
+    /// Pipelined runs: idle fraction of the stages over the step (1 − mean busy time / step time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bubble: Option<f64>,
 }
 
 /// Learning rate at `step` (0-based): linear warm-up to `lr`, then cosine to `lr · min_lr_ratio`.

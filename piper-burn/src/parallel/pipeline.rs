@@ -194,7 +194,12 @@ pub fn train_pipelined(
         let mut moe_all = Vec::new();
         let mut params = Collect(Vec::new());
         model.visit(&mut params);
+        // Time spent computing (ops minus the waits for neighbours' messages): the measured bubble.
+        let mut busy = 0.0f64;
+        let pipeline_start = Instant::now();
         for op in &op_list {
+            let op_start = Instant::now();
+            let mut waited = 0.0f64;
             match *op {
                 Op::Forward(i) => {
                     let i = i as usize;
@@ -203,12 +208,14 @@ pub fn train_pipelined(
                     let input = if is_first {
                         None
                     } else {
+                        let w = Instant::now();
                         let got = wait_all(
                             world,
                             vec![world.irecv(prev, (2 * i) as u32, mbs * seq * d * 4).map_err(|e| e.to_string())?],
                             &format!("stage {stage} receive activations of micro-batch {i}"),
                         )
                         .map_err(|e| e.to_string())?;
+                        waited += w.elapsed().as_secs_f64();
                         Some(from_bytes(&got[0], [mbs, seq, d], &device).require_grad())
                     };
                     let x = match &input {
@@ -242,12 +249,14 @@ pub fn train_pipelined(
                     let objective = if is_last {
                         s.local_loss.expect("the last stage keeps its loss")
                     } else {
+                        let w = Instant::now();
                         let got = wait_all(
                             world,
                             vec![world.irecv(next, (2 * i + 1) as u32, mbs * seq * d * 4).map_err(|e| e.to_string())?],
                             &format!("stage {stage} receive gradients of micro-batch {i}"),
                         )
                         .map_err(|e| e.to_string())?;
+                        waited += w.elapsed().as_secs_f64();
                         let g = from_bytes(&got[0], [mbs, seq, d], &device);
                         let vjp = (s.output * g).sum();
                         match s.local_loss {
@@ -265,7 +274,9 @@ pub fn train_pipelined(
                     moe_all.extend(s.moe);
                 }
             }
+            busy += op_start.elapsed().as_secs_f64() - waited;
         }
+        let makespan = pipeline_start.elapsed().as_secs_f64();
         wait_all(world, sends, &format!("stage {stage} pipeline sends")).map_err(|e| e.to_string())?;
         let mut grads = acc.unwrap_or_default();
         let expert_ids = expert_param_ids(&model);
@@ -291,9 +302,10 @@ pub fn train_pipelined(
         }
         model =
             model.update_router_biases_from(layers.start, &global_load(&per_layer, &*stage_comm)?, c.bias_update_rate);
-        let mut loss = [ce_sum / m as f32];
-        world.all_reduce_sum_f32(&mut loss, "loss all-reduce").map_err(|e| e.to_string())?;
-        let loss = loss[0] as f64 / replicas as f64;
+        let mut sums = [ce_sum / m as f32, (1.0 - busy / makespan.max(1e-12)) as f32];
+        world.all_reduce_sum_f32(&mut sums, "loss all-reduce").map_err(|e| e.to_string())?;
+        let loss = sums[0] as f64 / replicas as f64;
+        let bubble = sums[1] as f64 / ranks as f64;
         if !loss.is_finite() {
             return Err(format!("step {step}: the loss is {loss}; lower --lr"));
         }
@@ -309,6 +321,7 @@ pub fn train_pipelined(
             mfu: flops_per_s / (peak_flops * ranks as f64),
             expert_load: moe_all.iter().map(|s| s.imbalance()).collect(),
             step_time_s: dt,
+            bubble: Some(bubble),
         };
         on_step(&metrics);
         all.push(metrics);

@@ -210,6 +210,7 @@ pub fn train_parallel(
             mfu: flops_per_s / (peak_flops * ranks as f64),
             expert_load: out.moe.iter().map(|s| s.imbalance()).collect(),
             step_time_s: dt,
+            bubble: None,
         };
         on_step(&m);
         all.push(m);
