@@ -172,7 +172,7 @@ fn plan_auto_picks_a_layout_and_reports_its_prediction_error() {
     cmd.args(COMMON).args(["--plan", "auto"]);
     let (ok, out) = run(cmd, Duration::from_secs(120));
     assert!(ok, "{out}");
-    assert!(out.contains("plan (local platform): EP=1 × DP=1"), "{out}");
+    assert!(out.contains("plan (local platform): PP=1 × EP=1 × DP=1"), "{out}");
     assert!(out.contains("plan vs measured: step"), "{out}");
 }
 
