@@ -143,3 +143,56 @@ mod pipelined {
         }
     }
 }
+
+mod zero_tokens {
+    use burn::module::Param;
+    use burn::tensor::Distribution;
+    use piper_burn::moe::{ExpertGroup, MoeBlockConfig};
+    use piper_burn::parallel::exchange::{GroupGuard, register_group};
+    use piper_burn::router::RouterConfig;
+    use piper_comm::alltoall::Algo;
+    use piper_comm::{LocalWorld, Topology};
+
+    use super::*;
+
+    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().convert::<f32>().try_into_vec().unwrap()
+    }
+
+    /// With a zero router every token ties and picks experts 0 and 1, both on rank 0: rank 1's experts
+    /// get no tokens, and its rows of the all-to-all are all empty. The expert-parallel block must
+    /// still equal the one-process block, in values and input gradients.
+    #[test]
+    fn an_expert_group_member_with_zero_tokens() {
+        let results = LocalWorld::run(2, |c| {
+            let device = Device::flex().autodiff();
+            let config = MoeBlockConfig::new(RouterConfig::new(8, 4, 2), 6);
+            let mut full = {
+                static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+                let _one = INIT.lock().unwrap();
+                device.seed(1);
+                let block = config.init(&device);
+                // Parameters are drawn lazily: draw them now, under the lock, the same on both ranks.
+                let _ = (block.experts.w_gate_edf.val(), block.experts.w_up_edf.val(), block.experts.w_down_efd.val());
+                block
+            };
+            full.router.gate.weight = Param::from_tensor(Tensor::zeros([8, 4], &device));
+            let x = Tensor::<3>::random([1, 5, 8], Distribution::Normal(0.0, 1.0), &device);
+            let x = Tensor::<3>::from_data(x.into_data(), &device).require_grad();
+            let handle = register_group(Box::new(c), Topology::uniform(2, 2).unwrap(), Algo::Flat);
+            let _release = GroupGuard(handle);
+            let rank = piper_burn::parallel::exchange::with_group(handle, |comm, _, _| comm.rank());
+            let sharded = full.clone().into_expert_parallel(ExpertGroup { handle, rank, size: 2 });
+            let (y_ep, stats) = sharded.forward(x.clone());
+            let g_ep = x.grad(&y_ep.clone().sum().backward()).unwrap();
+            let (y_one, _) = full.forward(x.clone());
+            let g_one = x.grad(&y_one.clone().sum().backward()).unwrap();
+            (values(y_ep), values(y_one), values(g_ep), values(g_one), stats.tokens_per_expert)
+        });
+        for (y_ep, y_one, g_ep, g_one, load) in results {
+            assert_eq!(load, vec![5, 5, 0, 0], "experts 2 and 3 (rank 1) get no tokens");
+            assert!(y_ep.iter().zip(&y_one).all(|(a, b)| (a - b).abs() < 1e-6));
+            assert!(g_ep.iter().zip(&g_one).all(|(a, b)| (a - b).abs() < 1e-6));
+        }
+    }
+}
