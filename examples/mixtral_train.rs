@@ -102,6 +102,10 @@ struct Args {
     /// Clip each parameter's gradient to this norm (0: off).
     #[arg(long, default_value_t = 1.0)]
     grad_clip: f64,
+    /// Debug: start every router at zero, so all tokens tie and pick the lowest-numbered experts (the
+    /// other experts, and in expert-parallel runs whole ranks, get no tokens at first).
+    #[arg(long)]
+    zero_router: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -172,6 +176,7 @@ fn run(mut a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
     let spec = resolve_model(&a.preset).map_err(|e| e.to_string())?;
     let mut model_config = lm_config(&spec).map_err(|e| e.to_string())?;
     model_config.aux_loss_coef = a.aux_loss_coef;
+    model_config.zero_router = a.zero_router;
     if a.grammar_alphabet < 2 || a.grammar_alphabet > spec.vocab_size as usize {
         return Err(format!("--grammar-alphabet must be in 2..={} (the model's vocabulary)", spec.vocab_size));
     }

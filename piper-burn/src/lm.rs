@@ -27,6 +27,9 @@ pub struct CausalLmConfig {
     /// Weight of the router z-loss.
     #[config(default = 0.0)]
     pub z_loss_coef: f64,
+    /// Debug: all-zero router weights (degenerate routing, for testing zero-token experts).
+    #[config(default = false)]
+    pub zero_router: bool,
 }
 
 #[derive(Module, Debug)]
@@ -70,8 +73,14 @@ impl burn::module::ModuleVisitor for Materialize {
 
 impl CausalLmConfig {
     pub fn init(&self, device: &Device) -> CausalLm {
-        let model = self.init_lazy(device);
+        let mut model = self.init_lazy(device);
         model.visit(&mut Materialize);
+        if self.zero_router {
+            for block in model.layers.iter_mut().filter_map(|l| l.moe.as_mut()) {
+                let shape = block.router.gate.weight.dims();
+                block.router.gate.weight = Param::from_tensor(Tensor::zeros(shape, device));
+            }
+        }
         model
     }
 
