@@ -317,6 +317,24 @@ fn run(mut a: Args, world: &piper::comm::launch::World) -> Result<(), String> {
         let step_s = steady.iter().map(|m| m.step_time_s).sum::<f64>() / steady.len() as f64;
         let tps = steady.iter().map(|m| m.tokens_per_s).sum::<f64>() / steady.len() as f64;
         let err = |measured: f64, predicted: f64| 100.0 * (predicted - measured) / measured;
+        let rss_gib = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|t| t.lines().find(|l| l.starts_with("VmHWM"))?.split_whitespace().nth(1)?.parse::<f64>().ok())
+            .map(|kib| kib / (1024.0 * 1024.0));
+        if let Some(rss) = rss_gib {
+            say!(
+                "memory per rank: {:.3} GiB predicted (incl. the platform's framework overhead), {:.3} GiB peak RSS measured on rank 0 ({:+.0}%)",
+                p.peak_memory_bytes / (1u64 << 30) as f64,
+                rss,
+                err(rss, p.peak_memory_bytes / (1u64 << 30) as f64)
+            );
+        }
+        let platform_mfu = |tps: f64| tps * flops_per_token / (comm.size() as f64 * p.tflops_per_gpu * 1e12 / p.mfu);
+        say!(
+            "MFU against the platform's peak: {:.1}% predicted, {:.1}% measured",
+            100.0 * p.mfu,
+            100.0 * platform_mfu(tps)
+        );
         if let Some(b) = steady.iter().map(|m| m.bubble).sum::<Option<f64>>() {
             say!(
                 "pipeline bubble: {:.1}% predicted, {:.1}% measured",

@@ -156,14 +156,18 @@ pub fn train_pipelined(
         device.seed(c.seed);
         model_config.init(&device)
     };
+    // Every rank draws the whole model (so a seed means the same weights for any layout), then keeps
+    // only its stage's layers (and only its experts of them).
+    let num_moe = model.num_moe_layers();
+    model.layers = model.layers.drain(layers.clone()).collect();
+    let layers = 0..model.layers.len();
     if ep > 1 {
-        for layer in model.layers[layers.clone()].iter_mut() {
+        for layer in model.layers.iter_mut() {
             if let Some(block) = layer.moe.take() {
                 layer.moe = Some(block.into_expert_parallel(ExpertGroup { handle, rank: ep_rank, size: ep }));
             }
         }
     }
-    let num_moe = model.num_moe_layers();
     let mut optim = AdamWConfig::new()
         .with_beta_2(0.95)
         .with_weight_decay(c.weight_decay as f32)
