@@ -168,8 +168,7 @@ mod zero_tokens {
             let device = Device::flex().autodiff();
             let config = MoeBlockConfig::new(RouterConfig::new(8, 4, 2), 6);
             let mut full = {
-                static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
-                let _one = INIT.lock().unwrap();
+                let _one = piper_burn::parallel::init_lock();
                 device.seed(1);
                 let block = config.init(&device);
                 // Parameters are drawn lazily: draw them now, under the lock, the same on both ranks.
@@ -177,7 +176,11 @@ mod zero_tokens {
                 block
             };
             full.router.gate.weight = Param::from_tensor(Tensor::zeros([8, 4], &device));
-            let x = Tensor::<3>::random([1, 5, 8], Distribution::Normal(0.0, 1.0), &device);
+            let x = {
+                let _one = piper_burn::parallel::init_lock();
+                device.seed(2);
+                Tensor::<3>::random([1, 5, 8], Distribution::Normal(0.0, 1.0), &device)
+            };
             let x = Tensor::<3>::from_data(x.into_data(), &device).require_grad();
             let handle = register_group(Box::new(c), Topology::uniform(2, 2).unwrap(), Algo::Flat);
             let _release = GroupGuard(handle);

@@ -150,9 +150,8 @@ pub fn train_pipelined(
     let _release = GroupGuard(handle);
 
     let device = device.clone().autodiff();
-    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let mut model: CausalLm = {
-        let _one = INIT.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = crate::parallel::init_lock();
         device.seed(c.seed);
         model_config.init(&device)
     };

@@ -148,9 +148,8 @@ pub fn train_parallel(
     let device = device.clone().autodiff();
     // The seed may be global to the backend: ranks that are threads of one process initialise one at
     // a time, so every rank draws the same initial weights.
-    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let mut model = {
-        let _one_at_a_time = INIT.lock().unwrap_or_else(|e| e.into_inner());
+        let _one_at_a_time = crate::parallel::init_lock();
         device.seed(c.seed);
         model_config.init(&device)
     };
