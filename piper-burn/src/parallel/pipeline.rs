@@ -23,7 +23,7 @@ use crate::corpus::Corpus;
 use crate::lm::{CausalLm, CausalLmConfig};
 use crate::moe::ExpertGroup;
 use crate::parallel::exchange::{GroupGuard, register_group, reset_chain};
-use crate::parallel::train::{Collect, expert_param_ids, global_load, reduce};
+use crate::parallel::train::{Collect, global_load, reduce_gradients};
 use crate::train::{StepMetrics, TrainConfig, learning_rate};
 
 /// A full layout with micro-batching.
@@ -282,16 +282,7 @@ pub fn train_pipelined(
         let makespan = pipeline_start.elapsed().as_secs_f64();
         wait_all(world, sends, &format!("stage {stage} pipeline sends")).map_err(|e| e.to_string())?;
         let mut grads = acc.unwrap_or_default();
-        let expert_ids = expert_param_ids(&model);
-        for &(id, dims) in &params.0 {
-            let comm: &dyn Communicator = if expert_ids.contains(&id) { &*expert_dp_comm } else { &*stage_comm };
-            match dims {
-                1 => reduce::<1>(&mut grads, id, comm)?,
-                2 => reduce::<2>(&mut grads, id, comm)?,
-                3 => reduce::<3>(&mut grads, id, comm)?,
-                d => return Err(format!("unexpected {d}-D parameter")),
-            }
-        }
+        reduce_gradients(&mut grads, &model, &*stage_comm, &*expert_dp_comm)?;
         let lr = learning_rate(c, step);
         model = optim.step(lr, model, grads);
         // Only this stage's routers change: their load, summed over micro-batches and the stage's ranks.

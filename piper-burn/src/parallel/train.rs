@@ -45,17 +45,36 @@ pub(crate) fn expert_param_ids(model: &CausalLm) -> Vec<ParamId> {
         .collect()
 }
 
-pub(crate) fn reduce<const D: usize>(
-    grads: &mut GradientsParams,
-    id: ParamId,
-    comm: &dyn Communicator,
-) -> Result<(), String> {
+fn reduce<const D: usize>(grads: &mut GradientsParams, id: ParamId, comm: &dyn Communicator) -> Result<(), String> {
     let Some(g) = grads.remove::<D>(id) else { return Ok(()) };
     let device = g.device();
     let shape = g.shape();
     let mut v: Vec<f32> = g.into_data().convert::<f32>().try_into_vec::<f32>().map_err(|e| format!("{e:?}"))?;
     comm.all_reduce_sum_f32(&mut v, "gradient all-reduce").map_err(|e| e.to_string())?;
     grads.register::<D>(id, Tensor::<D>::from_data(TensorData::new(v, shape), &device));
+    Ok(())
+}
+
+/// Sums every gradient over the ranks that hold the same weights: `dense` for non-expert weights,
+/// `expert` (the expert-data-parallel group) for expert weights.
+pub(crate) fn reduce_gradients(
+    grads: &mut GradientsParams,
+    model: &CausalLm,
+    dense: &dyn Communicator,
+    expert: &dyn Communicator,
+) -> Result<(), String> {
+    let mut params = Collect(Vec::new());
+    model.visit(&mut params);
+    let expert_ids = expert_param_ids(model);
+    for (id, dims) in params.0 {
+        let comm = if expert_ids.contains(&id) { expert } else { dense };
+        match dims {
+            1 => reduce::<1>(grads, id, comm)?,
+            2 => reduce::<2>(grads, id, comm)?,
+            3 => reduce::<3>(grads, id, comm)?,
+            d => return Err(format!("unexpected {d}-D parameter")),
+        }
+    }
     Ok(())
 }
 
@@ -182,18 +201,7 @@ pub fn train_parallel(
             return Err(format!("step {step}: the loss is {loss}; lower --lr"));
         }
         let mut grads = GradientsParams::from_grads((out.total / ranks as f64).backward(), &model);
-        let mut params = Collect(Vec::new());
-        model.visit(&mut params);
-        let expert_ids = expert_param_ids(&model);
-        for (id, dims) in params.0 {
-            let comm: &dyn Communicator = if expert_ids.contains(&id) { &*expert_dp_comm } else { world };
-            match dims {
-                1 => reduce::<1>(&mut grads, id, comm)?,
-                2 => reduce::<2>(&mut grads, id, comm)?,
-                3 => reduce::<3>(&mut grads, id, comm)?,
-                d => return Err(format!("unexpected {d}-D parameter")),
-            }
-        }
+        reduce_gradients(&mut grads, &model, world, &*expert_dp_comm)?;
         let lr = learning_rate(c, step);
         model = optim.step(lr, model, grads);
         model = model.update_router_biases(&global_load(&out.moe, world)?, c.bias_update_rate);
