@@ -101,16 +101,16 @@ pub fn with_group<R>(handle: GroupHandle, f: impl FnOnce(&dyn Communicator, &Top
 #[backend_extension(Autodiff, Flex)]
 pub trait ExchangeBackend: burn::backend::Backend {
     /// Sends `send_counts[i]` consecutive rows of `x` to rank i of the group; returns the rows
-    /// received, grouped by source rank (`recv_counts[i]` from rank i).
+    /// received, grouped by source rank (`recv_counts[i]` from rank i). `_chain` only orders the
+    /// operation after the previous exchange in the autodiff graph; its value is not used.
     fn exchange_rows(
         x: FloatTensor<Self>,
-        chain: FloatTensor<Self>,
+        _chain: FloatTensor<Self>,
         group: u64,
         send_counts: Vec<usize>,
         recv_counts: Vec<usize>,
         op: String,
     ) -> FloatTensor<Self> {
-        let _ = chain;
         exchange_host::<Self>(x, group, &send_counts, &recv_counts, &op)
     }
 }
