@@ -8,7 +8,13 @@
 //! backend extension, their HIP compilation for MI250X and the wgpu parity tests are not written yet
 //! (issue #3).
 
+#[cfg(feature = "kernels")]
+pub mod cube;
 pub mod grouped;
+#[cfg(feature = "hip-codegen")]
+pub mod hip;
+#[cfg(feature = "hip-codegen")]
+pub mod hiprtc;
 pub mod reference;
 
 use burn::prelude::*;

@@ -1,0 +1,3 @@
+//! The CubeCL side: kernel definitions and, with a runtime, their launch as Burn backend ops.
+
+pub mod kernels;
