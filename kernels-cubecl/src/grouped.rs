@@ -8,32 +8,14 @@
 //!
 //! Legend: p = rows, d = model width, f = expert width, e = experts.
 
-use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, Dispatch, TensorMetadata, backend_extension};
-use burn::tensor::{Shape, Slice, Tensor};
+use burn::backend::{Backend, TensorMetadata};
+use burn::tensor::{Shape, Slice};
 
-/// The MoE operations a backend provides.
-#[backend_extension(Autodiff, Flex)]
-pub trait MoeBackend: burn::backend::Backend {
-    /// Grouped SwiGLU experts: `x_pd` `[p, d]` sorted by expert, `w_gate_edf`/`w_up_edf` `[e, d, f]`,
-    /// `w_down_efd` `[e, f, d]`, `counts_e[i]` rows for expert i → `[p, d]`.
-    fn grouped_swiglu(
-        x_pd: FloatTensor<Self>,
-        w_gate_edf: FloatTensor<Self>,
-        w_up_edf: FloatTensor<Self>,
-        w_down_efd: FloatTensor<Self>,
-        counts_e: Vec<usize>,
-    ) -> FloatTensor<Self> {
-        grouped_forward::<Self>(x_pd, w_gate_edf, w_up_edf, w_down_efd, &counts_e).0
-    }
-}
-
-impl MoeBackend for burn::backend::Flex {}
+use crate::backend::MoeBackend;
 
 fn rows<B: Backend>(t: FloatTensor<B>, start: usize, n: usize) -> FloatTensor<B> {
     let cols = t.shape()[1];
@@ -63,7 +45,7 @@ fn sigmoid<B: Backend>(g: FloatTensor<B>) -> FloatTensor<B> {
 }
 
 /// Forward; also returns the gate and up projections `[p, f]` for the backward.
-fn grouped_forward<B: Backend>(
+pub(crate) fn grouped_forward<B: Backend>(
     x_pd: FloatTensor<B>,
     w_gate_edf: FloatTensor<B>,
     w_up_edf: FloatTensor<B>,
@@ -101,124 +83,102 @@ fn grouped_forward<B: Backend>(
 
 /// What the backward needs.
 #[derive(Debug, Clone)]
-struct GroupedState<B: Backend> {
-    x_pd: FloatTensor<B>,
-    w_gate_edf: FloatTensor<B>,
-    w_up_edf: FloatTensor<B>,
-    w_down_efd: FloatTensor<B>,
-    g_pf: FloatTensor<B>,
-    u_pf: FloatTensor<B>,
-    counts_e: Vec<usize>,
+pub(crate) struct GroupedState<B: Backend> {
+    pub(crate) x_pd: FloatTensor<B>,
+    pub(crate) w_gate_edf: FloatTensor<B>,
+    pub(crate) w_up_edf: FloatTensor<B>,
+    pub(crate) w_down_efd: FloatTensor<B>,
+    pub(crate) g_pf: FloatTensor<B>,
+    pub(crate) u_pf: FloatTensor<B>,
+    pub(crate) counts_e: Vec<usize>,
 }
 
 #[derive(Debug)]
-struct GroupedSwigluBackward;
+pub(crate) struct GroupedSwigluBackward;
 
-impl<B: Backend> Backward<B, 4> for GroupedSwigluBackward {
+impl<B: MoeBackend> Backward<B, 4> for GroupedSwigluBackward {
     type State = GroupedState<B>;
 
     fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let [node_x, node_wg, node_wu, node_wd] = ops.parents;
         let dy_pd = grads.consume::<B>(&ops.node);
         let s = ops.state;
-        let (mut dx, mut dwg, mut dwu, mut dwd) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let e_total = s.counts_e.len();
-        let wshape = s.w_gate_edf.shape();
-        let (d, f) = (wshape[1], wshape[2]);
-        let device = dy_pd.device();
-        let dtype = dy_pd.dtype().into();
-        let mut offset = 0;
-        for e in 0..e_total {
-            let n = s.counts_e[e];
-            if n == 0 {
-                dwg.push(B::float_zeros(Shape::new([1, d, f]), &device, dtype));
-                dwu.push(B::float_zeros(Shape::new([1, d, f]), &device, dtype));
-                dwd.push(B::float_zeros(Shape::new([1, f, d]), &device, dtype));
-                continue;
-            }
-            let x = rows::<B>(s.x_pd.clone(), offset, n);
-            let g = rows::<B>(s.g_pf.clone(), offset, n);
-            let u = rows::<B>(s.u_pf.clone(), offset, n);
-            let dy = rows::<B>(dy_pd.clone(), offset, n);
-            let (wg, wu, wd) = (
-                expert::<B>(s.w_gate_edf.clone(), e),
-                expert::<B>(s.w_up_edf.clone(), e),
-                expert::<B>(s.w_down_efd.clone(), e),
-            );
-            let sig = sigmoid::<B>(g.clone());
-            let silu_g = B::float_mul(g.clone(), sig.clone());
-            let h = B::float_mul(silu_g.clone(), u.clone());
-            let dh = B::float_matmul(dy.clone(), B::float_transpose(wd));
-            // silu'(g) = σ(g) · (1 + g · (1 − σ(g)))
-            let one_minus = B::float_add_scalar(B::float_neg(sig.clone()), 1.0f32.into());
-            let dsilu = B::float_mul(sig, B::float_add_scalar(B::float_mul(g, one_minus), 1.0f32.into()));
-            let dg = B::float_mul(B::float_mul(dh.clone(), u), dsilu);
-            let du = B::float_mul(dh, silu_g);
-            let xt = B::float_transpose(x);
-            dx.push(B::float_add(
-                B::float_matmul(dg.clone(), B::float_transpose(wg)),
-                B::float_matmul(du.clone(), B::float_transpose(wu)),
-            ));
-            let lift = |t: FloatTensor<B>, r: usize, c: usize| B::float_reshape(t, Shape::new([1, r, c]));
-            dwg.push(lift(B::float_matmul(xt.clone(), dg), d, f));
-            dwu.push(lift(B::float_matmul(xt, du), d, f));
-            dwd.push(lift(B::float_matmul(B::float_transpose(h), dy), f, d));
-            offset += n;
-        }
+        let (dx, dwg, dwu, dwd) = B::grouped_swiglu_backward(
+            dy_pd,
+            s.x_pd,
+            s.w_gate_edf,
+            s.w_up_edf,
+            s.w_down_efd,
+            s.g_pf,
+            s.u_pf,
+            s.counts_e,
+        );
         if let Some(node) = node_x {
-            let g =
-                if dx.is_empty() { B::float_zeros(Shape::new([0, d]), &device, dtype) } else { B::float_cat(dx, 0) };
-            grads.register::<B>(node.id, g);
+            grads.register::<B>(node.id, dx);
         }
         if let Some(node) = node_wg {
-            grads.register::<B>(node.id, B::float_cat(dwg, 0));
+            grads.register::<B>(node.id, dwg);
         }
         if let Some(node) = node_wu {
-            grads.register::<B>(node.id, B::float_cat(dwu, 0));
+            grads.register::<B>(node.id, dwu);
         }
         if let Some(node) = node_wd {
-            grads.register::<B>(node.id, B::float_cat(dwd, 0));
+            grads.register::<B>(node.id, dwd);
         }
     }
 }
 
-impl<B: MoeBackend, C: CheckpointStrategy> MoeBackend for Autodiff<B, C> {
-    fn grouped_swiglu(
-        x_pd: FloatTensor<Self>,
-        w_gate_edf: FloatTensor<Self>,
-        w_up_edf: FloatTensor<Self>,
-        w_down_efd: FloatTensor<Self>,
-        counts_e: Vec<usize>,
-    ) -> FloatTensor<Self> {
-        let (x, x_node) = x_pd.into_parts();
-        let (wg, wg_node) = w_gate_edf.into_parts();
-        let (wu, wu_node) = w_up_edf.into_parts();
-        let (wd, wd_node) = w_down_efd.into_parts();
-        match GroupedSwigluBackward.prepare::<C>([x_node, wg_node, wu_node, wd_node]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let (y, g, u) = grouped_forward::<B>(x.clone(), wg.clone(), wu.clone(), wd.clone(), &counts_e);
-                let state =
-                    GroupedState { x_pd: x, w_gate_edf: wg, w_up_edf: wu, w_down_efd: wd, g_pf: g, u_pf: u, counts_e };
-                prep.finish(state, y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::grouped_swiglu(x, wg, wu, wd, counts_e)),
-        }
-    }
-}
-
-/// Tensor-level entry point.
-pub fn grouped_swiglu_op(
-    x_pd: Tensor<2>,
-    w_gate_edf: Tensor<3>,
-    w_up_edf: Tensor<3>,
-    w_down_efd: Tensor<3>,
+/// Backward from `dy_pd`, per expert on slices: `(dx_pd, dw_gate_edf, dw_up_edf, dw_down_efd)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn grouped_backward<B: Backend>(
+    dy_pd: FloatTensor<B>,
+    x_pd: FloatTensor<B>,
+    w_gate_edf: FloatTensor<B>,
+    w_up_edf: FloatTensor<B>,
+    w_down_efd: FloatTensor<B>,
+    g_pf: FloatTensor<B>,
+    u_pf: FloatTensor<B>,
     counts_e: &[usize],
-) -> Tensor<2> {
-    Tensor::from_dispatch(Dispatch::grouped_swiglu(
-        x_pd.into_dispatch(),
-        w_gate_edf.into_dispatch(),
-        w_up_edf.into_dispatch(),
-        w_down_efd.into_dispatch(),
-        counts_e.to_vec(),
-    ))
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let (mut dx, mut dwg, mut dwu, mut dwd) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let wshape = w_gate_edf.shape();
+    let (d, f) = (wshape[1], wshape[2]);
+    let device = dy_pd.device();
+    let dtype = dy_pd.dtype().into();
+    let mut offset = 0;
+    for (e, &n) in counts_e.iter().enumerate() {
+        if n == 0 {
+            dwg.push(B::float_zeros(Shape::new([1, d, f]), &device, dtype));
+            dwu.push(B::float_zeros(Shape::new([1, d, f]), &device, dtype));
+            dwd.push(B::float_zeros(Shape::new([1, f, d]), &device, dtype));
+            continue;
+        }
+        let x = rows::<B>(x_pd.clone(), offset, n);
+        let g = rows::<B>(g_pf.clone(), offset, n);
+        let u = rows::<B>(u_pf.clone(), offset, n);
+        let dy = rows::<B>(dy_pd.clone(), offset, n);
+        let (wg, wu, wd) =
+            (expert::<B>(w_gate_edf.clone(), e), expert::<B>(w_up_edf.clone(), e), expert::<B>(w_down_efd.clone(), e));
+        let sig = sigmoid::<B>(g.clone());
+        let silu_g = B::float_mul(g.clone(), sig.clone());
+        let h = B::float_mul(silu_g.clone(), u.clone());
+        let dh = B::float_matmul(dy.clone(), B::float_transpose(wd));
+        // silu'(g) = σ(g) · (1 + g · (1 − σ(g)))
+        let one_minus = B::float_add_scalar(B::float_neg(sig.clone()), 1.0f32.into());
+        let dsilu = B::float_mul(sig, B::float_add_scalar(B::float_mul(g, one_minus), 1.0f32.into()));
+        let dg = B::float_mul(B::float_mul(dh.clone(), u), dsilu);
+        let du = B::float_mul(dh, silu_g);
+        let xt = B::float_transpose(x);
+        dx.push(B::float_add(
+            B::float_matmul(dg.clone(), B::float_transpose(wg)),
+            B::float_matmul(du.clone(), B::float_transpose(wu)),
+        ));
+        let lift = |t: FloatTensor<B>, r: usize, c: usize| B::float_reshape(t, Shape::new([1, r, c]));
+        dwg.push(lift(B::float_matmul(xt.clone(), dg), d, f));
+        dwu.push(lift(B::float_matmul(xt, du), d, f));
+        dwd.push(lift(B::float_matmul(B::float_transpose(h), dy), f, d));
+        offset += n;
+    }
+    let dx = if dx.is_empty() { B::float_zeros(Shape::new([0, d]), &device, dtype) } else { B::float_cat(dx, 0) };
+    (dx, B::float_cat(dwg, 0), B::float_cat(dwu, 0), B::float_cat(dwd, 0))
 }

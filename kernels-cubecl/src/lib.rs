@@ -1,13 +1,20 @@
 //! # kernels-cubecl
 //!
-//! The MoE kernels — SwiGLU, token permute (row gather), weighted combine (row scatter-add) and the
-//! grouped expert GEMM — each with a plain-tensor `*_reference` twin in [`reference`].
+//! The MoE kernels — SwiGLU, token permute (dispatch) and unpermute (combine), softmax top-k gating
+//! and the grouped expert GEMM — each forward and backward, with a plain-tensor `*_reference` twin in
+//! [`reference`].
 //!
-//! Status: the public functions below run the reference definitions on every backend (on the CPU
-//! backend, Flex, these are its own fast gather / matmul kernels). The CubeCL kernels behind a Burn
-//! backend extension, their HIP compilation for MI250X and the wgpu parity tests are not written yet
-//! (issue #3).
+//! They are Burn backend-extension operations ([`backend::MoeBackend`]): on the CPU (Flex) they run
+//! Burn's own primitive ops; with the `wgpu` feature the Cube backend runs the CubeCL kernels of
+//! [`cube::kernels`]; with `hip-codegen` the same kernels are emitted as HIP C++ and compiled for AMD
+//! GPUs ([`hip`], [`hiprtc`]). Under `Autodiff` every op has a hand-written backward that calls the
+//! backend's backward op.
+//!
+//! Legend: t = tokens, k = experts per token, p = permuted rows (t · k), d = row width, e = experts,
+//! f = expert width.
 
+pub mod autodiff;
+pub mod backend;
 #[cfg(feature = "kernels")]
 pub mod cube;
 pub mod grouped;
@@ -17,26 +24,81 @@ pub mod hip;
 pub mod hiprtc;
 pub mod reference;
 
+use burn::backend::Dispatch;
 use burn::prelude::*;
 
-pub use reference::{combine_rows_reference, grouped_swiglu_reference, permute_rows_reference, swiglu_reference};
+pub use backend::MoeBackend;
+pub use reference::{
+    combine_rows_reference, grouped_swiglu_reference, permute_rows_reference, swiglu_reference, topk_softmax_reference,
+};
+
+/// Where each permuted row comes from and goes back to: the `t · k` (token, slot) pairs in the
+/// order the experts read them.
+#[derive(Debug, Clone)]
+pub struct RowMap {
+    /// Token of each permuted row `[p]`.
+    pub token_p: Tensor<1, Int>,
+    /// Flat slot (`token · k + j`) of each permuted row `[p]`.
+    pub slot_p: Tensor<1, Int>,
+    /// Permuted row of each (token, slot) `[t, k]` — the inverse of `slot_p`.
+    pub row_tk: Tensor<2, Int>,
+}
+
+impl RowMap {
+    /// From the slot of each permuted row, which must be a permutation of `0..t·k`.
+    pub fn from_slots(slot_p: &[usize], num_tokens: usize, k: usize, device: &Device) -> Result<Self, String> {
+        let p = num_tokens * k;
+        if slot_p.len() != p {
+            return Err(format!("slot_p has {} rows, expected tokens · k = {p}", slot_p.len()));
+        }
+        let mut row = vec![-1i64; p];
+        for (i, &s) in slot_p.iter().enumerate() {
+            if s >= p || row[s] >= 0 {
+                return Err(format!("slot_p is not a permutation of 0..{p}: slot {s} at row {i}"));
+            }
+            row[s] = i as i64;
+        }
+        let ints = |v: Vec<i64>| TensorData::new(v, [p]);
+        Ok(RowMap {
+            token_p: Tensor::from_data(ints(slot_p.iter().map(|&s| (s / k) as i64).collect()), device),
+            slot_p: Tensor::from_data(ints(slot_p.iter().map(|&s| s as i64).collect()), device),
+            row_tk: Tensor::from_data(TensorData::new(row, [num_tokens, k]), device),
+        })
+    }
+}
 
 /// `silu(gate) ⊙ up`.
 pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
-    swiglu_reference(gate, up)
+    Tensor::from_dispatch(Dispatch::swiglu(gate.into_dispatch(), up.into_dispatch()))
 }
 
-/// `out_pd[i] = x_td[index_p[i]]`.
-pub fn permute_rows(x_td: Tensor<2>, index_p: Tensor<1, Int>) -> Tensor<2> {
-    permute_rows_reference(x_td, index_p)
+/// Dispatch permute: `out_pd[i] = x_td[map.token_p[i]]`.
+pub fn permute_rows(x_td: Tensor<2>, map: &RowMap) -> Tensor<2> {
+    Tensor::from_dispatch(Dispatch::permute_rows(
+        x_td.into_dispatch(),
+        map.token_p.clone().into_dispatch(),
+        map.row_tk.clone().into_dispatch(),
+    ))
 }
 
-/// `out_td[index_p[i]] += w_p[i] · y_pd[i]`.
-pub fn combine_rows(y_pd: Tensor<2>, w_p: Tensor<1>, index_p: Tensor<1, Int>, num_tokens: usize) -> Tensor<2> {
-    combine_rows_reference(y_pd, w_p, index_p, num_tokens)
+/// Combine: `out_td[t] = Σ_j w_tk[t, j] · y_pd[map.row_tk[t, j]]`.
+pub fn combine_rows(y_pd: Tensor<2>, w_tk: Tensor<2>, map: &RowMap) -> Tensor<2> {
+    Tensor::from_dispatch(Dispatch::combine_rows(
+        y_pd.into_dispatch(),
+        w_tk.into_dispatch(),
+        map.row_tk.clone().into_dispatch(),
+        map.slot_p.clone().into_dispatch(),
+    ))
 }
 
-/// Grouped SwiGLU experts over rows sorted by expert.
+/// Softmax top-k gating: `(w_tk, idx_tk)`, the k largest softmax probabilities per token in
+/// descending order, divided by their sum when `renormalize`.
+pub fn topk_softmax(logits_te: Tensor<2>, k: usize, renormalize: bool) -> (Tensor<2>, Tensor<2, Int>) {
+    let (w, idx) = Dispatch::topk_softmax(logits_te.into_dispatch(), k, renormalize);
+    (Tensor::from_dispatch(w), Tensor::from_dispatch(idx))
+}
+
+/// Grouped SwiGLU experts over rows sorted by expert (`counts_e[i]` rows for expert i).
 pub fn grouped_swiglu(
     x_pd: Tensor<2>,
     w_gate_edf: Tensor<3>,
@@ -44,5 +106,11 @@ pub fn grouped_swiglu(
     w_down_efd: Tensor<3>,
     counts_e: &[usize],
 ) -> Tensor<2> {
-    grouped_swiglu_reference(x_pd, w_gate_edf, w_up_edf, w_down_efd, counts_e)
+    Tensor::from_dispatch(Dispatch::grouped_swiglu(
+        x_pd.into_dispatch(),
+        w_gate_edf.into_dispatch(),
+        w_up_edf.into_dispatch(),
+        w_down_efd.into_dispatch(),
+        counts_e.to_vec(),
+    ))
 }

@@ -58,3 +58,15 @@ pub fn grouped_swiglu_reference(
     }
     Tensor::cat(outs, 0)
 }
+
+/// Softmax top-k gating: per token the k largest of `softmax(logits_te)`, descending, as
+/// `(w_tk, idx_tk)`; divided by their sum when `renormalize`.
+pub fn topk_softmax_reference(logits_te: Tensor<2>, k: usize, renormalize: bool) -> (Tensor<2>, Tensor<2, Int>) {
+    let probs_te = burn::tensor::activation::softmax(logits_te, 1);
+    let (w_tk, idx_tk) = probs_te.topk_with_indices(k, 1);
+    if renormalize {
+        let sum_t1 = w_tk.clone().sum_dim(1);
+        return (w_tk / sum_t1, idx_tk);
+    }
+    (w_tk, idx_tk)
+}

@@ -4,14 +4,13 @@
 //! Legend: t = tokens, d = model width, k = experts per token, e = experts, p = permuted rows (t · k).
 
 use burn::prelude::*;
+use kernels_cubecl::RowMap;
 
 /// Where each permuted row comes from. Built on the host (the counts decide the expert GEMM shapes).
 #[derive(Debug, Clone)]
 pub struct DispatchPlan {
-    /// Token of each permuted row `[p]`.
-    pub token_p: Tensor<1, Int>,
-    /// Flat (token · k + slot) index of each permuted row `[p]`, to fetch its combine weight.
-    pub slot_p: Tensor<1, Int>,
+    /// Token, slot and inverse maps of the permuted rows (what the permute/combine kernels read).
+    pub map: RowMap,
     /// Rows per expert, in expert order (sums to p; zeros allowed).
     pub counts_e: Vec<usize>,
 }
@@ -22,7 +21,7 @@ impl DispatchPlan {
     /// # Shapes
     /// - `topk_idx_tk`: `[t, k]`
     pub fn new(topk_idx_tk: &Tensor<2, Int>, num_experts: usize) -> Self {
-        let [_, k] = topk_idx_tk.dims();
+        let [t, k] = topk_idx_tk.dims();
         let experts: Vec<i64> = topk_idx_tk.to_data().convert::<i64>().try_to_vec::<i64>().expect("int tensor data");
         let mut counts_e = vec![0usize; num_experts];
         for &x in &experts {
@@ -36,19 +35,13 @@ impl DispatchPlan {
                 Some(start)
             })
             .collect();
-        let p = experts.len();
-        let mut slot = vec![0i64; p];
+        let mut slot_p = vec![0usize; experts.len()];
         for (flat, &x) in experts.iter().enumerate() {
-            slot[next[x as usize]] = flat as i64;
+            slot_p[next[x as usize]] = flat;
             next[x as usize] += 1;
         }
-        let token: Vec<i64> = slot.iter().map(|s| s / k as i64).collect();
-        let device = topk_idx_tk.device();
-        DispatchPlan {
-            token_p: Tensor::from_data(TensorData::new(token, [p]), &device),
-            slot_p: Tensor::from_data(TensorData::new(slot, [p]), &device),
-            counts_e,
-        }
+        let map = RowMap::from_slots(&slot_p, t, k, &topk_idx_tk.device()).expect("a stable sort is a permutation");
+        DispatchPlan { map, counts_e }
     }
 
     pub fn num_rows(&self) -> usize {
@@ -58,14 +51,12 @@ impl DispatchPlan {
 
 /// Gathers each copy's token row: `x_pd[i] = x_td[token_p[i]]`.
 pub fn permute(x_td: Tensor<2>, plan: &DispatchPlan) -> Tensor<2> {
-    kernels_cubecl::permute_rows(x_td, plan.token_p.clone())
+    kernels_cubecl::permute_rows(x_td, &plan.map)
 }
 
-/// Weighted combine: `out_td[token_p[i]] += topk_w[slot_p[i]] · y_pd[i]`.
-pub fn combine(y_pd: Tensor<2>, topk_w_tk: Tensor<2>, plan: &DispatchPlan, num_tokens: usize) -> Tensor<2> {
-    let [t, k] = topk_w_tk.dims();
-    let w_p = topk_w_tk.reshape([t * k]).select(0, plan.slot_p.clone());
-    kernels_cubecl::combine_rows(y_pd, w_p, plan.token_p.clone(), num_tokens)
+/// Weighted combine: `out_td[t] = Σ_j topk_w_tk[t, j] · y_pd[row of (t, j)]`.
+pub fn combine(y_pd: Tensor<2>, topk_w_tk: Tensor<2>, plan: &DispatchPlan) -> Tensor<2> {
+    kernels_cubecl::combine_rows(y_pd, topk_w_tk, &plan.map)
 }
 
 #[cfg(test)]
@@ -82,9 +73,9 @@ mod tests {
         // 3 tokens, top-2, 4 experts; expert 3 gets nothing.
         let plan = DispatchPlan::new(&ints(vec![2, 0, 0, 1, 2, 1], [3, 2], &device), 4);
         assert_eq!(plan.counts_e, vec![2, 2, 2, 0]);
-        let slots: Vec<i64> = plan.slot_p.to_data().convert::<i64>().try_to_vec().unwrap();
+        let slots: Vec<i64> = plan.map.slot_p.to_data().convert::<i64>().try_to_vec().unwrap();
         assert_eq!(slots, vec![1, 2, 3, 5, 0, 4]);
-        let tokens: Vec<i64> = plan.token_p.to_data().convert::<i64>().try_to_vec().unwrap();
+        let tokens: Vec<i64> = plan.map.token_p.to_data().convert::<i64>().try_to_vec().unwrap();
         assert_eq!(tokens, vec![0, 1, 1, 2, 0, 2]);
     }
 
@@ -95,7 +86,7 @@ mod tests {
         let idx = ints(vec![0, 3, 3, 1, 2, 0, 1, 1, 0, 2], [5, 2], &device);
         let plan = DispatchPlan::new(&idx, 4);
         let w = Tensor::<2>::ones([5, 2], &device) / 2.0;
-        let y = combine(permute(x.clone(), &plan), w, &plan, 5);
+        let y = combine(permute(x.clone(), &plan), w, &plan);
         let xv: Vec<f32> = x.to_data().try_to_vec().unwrap();
         let yv: Vec<f32> = y.to_data().try_to_vec().unwrap();
         for (a, b) in xv.iter().zip(&yv) {

@@ -163,7 +163,7 @@ impl MoeBlock {
             None => self.experts.forward(x_pd, &plan.counts_e),
             Some(group) => self.expert_parallel(x_pd, &plan.counts_e, group),
         };
-        let mut out_td = combine(y_pd, routing.topk_w_tk.clone(), &plan, t);
+        let mut out_td = combine(y_pd, routing.topk_w_tk.clone(), &plan);
         if let Some(shared) = &self.shared {
             let mut shared_td = shared.forward(x_td.clone());
             if let Some(gate) = &self.shared_gate {

@@ -121,6 +121,16 @@ impl Router {
         let [t, _] = x_td.dims();
         let (e, k) = (self.num_experts, self.top_k);
         let logits_te = self.gate.forward(x_td);
+        if matches!(self.scoring, Scoring::Softmax) && !self.selection_bias && self.topk_groups >= self.num_groups {
+            // Plain softmax top-k (Mixtral, Qwen): the fused gating kernel.
+            let scores_te = softmax(logits_te.clone(), 1);
+            let (mut topk_w_tk, topk_idx_tk) =
+                kernels_cubecl::topk_softmax(logits_te.clone(), k, self.norm_topk_prob && k > 1);
+            if self.routed_scaling != 1.0 {
+                topk_w_tk = topk_w_tk * self.routed_scaling;
+            }
+            return Routing { logits_te, scores_te, topk_idx_tk, topk_w_tk };
+        }
         let scores_te = match self.scoring {
             Scoring::Softmax => softmax(logits_te.clone(), 1),
             Scoring::Sigmoid => sigmoid(logits_te.clone()),

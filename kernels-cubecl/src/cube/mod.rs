@@ -1,3 +1,5 @@
 //! The CubeCL side: kernel definitions and, with a runtime, their launch as Burn backend ops.
 
 pub mod kernels;
+#[cfg(feature = "wgpu")]
+mod launch;

@@ -1,0 +1,181 @@
+//! The MoE operations as a Burn backend extension. Each default body is the plain definition on
+//! Burn's primitive ops — what Flex (CPU) runs; the Cube backend (wgpu, and ROCm/CUDA where built)
+//! overrides them with the CubeCL kernels in [`crate::cube`]; `Autodiff` adds the hand-written
+//! backward passes ([`crate::autodiff`]).
+//!
+//! Legend: t = tokens, k = experts per token, p = permuted rows (t · k), d = row width, e = experts,
+//! f = expert width. `row_tk[t, j]` is the permuted row holding (token t, slot j); `slot_p[i]` is the
+//! flat `t · k + j` slot of permuted row i — the two are inverse permutations.
+
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Backend, TensorMetadata, backend_extension, get_or_init_device_settings};
+use burn::tensor::{IndexingUpdateOp, Shape};
+
+use crate::grouped::{grouped_backward, grouped_forward};
+
+/// The MoE operations a backend provides.
+#[backend_extension(Autodiff, Cube: cfg(feature = "wgpu"), Flex)]
+pub trait MoeBackend: burn::backend::Backend {
+    /// Grouped SwiGLU experts: `x_pd` `[p, d]` sorted by expert, `w_gate_edf`/`w_up_edf` `[e, d, f]`,
+    /// `w_down_efd` `[e, f, d]`, `counts_e[i]` rows for expert i → `[p, d]`.
+    fn grouped_swiglu(
+        x_pd: FloatTensor<Self>,
+        w_gate_edf: FloatTensor<Self>,
+        w_up_edf: FloatTensor<Self>,
+        w_down_efd: FloatTensor<Self>,
+        counts_e: Vec<usize>,
+    ) -> FloatTensor<Self> {
+        Self::grouped_swiglu_forward(x_pd, w_gate_edf, w_up_edf, w_down_efd, counts_e).0
+    }
+
+    /// [`Self::grouped_swiglu`] that also returns the gate and up projections `[p, f]` (for the backward).
+    fn grouped_swiglu_forward(
+        x_pd: FloatTensor<Self>,
+        w_gate_edf: FloatTensor<Self>,
+        w_up_edf: FloatTensor<Self>,
+        w_down_efd: FloatTensor<Self>,
+        counts_e: Vec<usize>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        grouped_forward::<Self>(x_pd, w_gate_edf, w_up_edf, w_down_efd, &counts_e)
+    }
+
+    /// Backward of [`Self::grouped_swiglu`] from `dy_pd`: `(dx_pd, dw_gate_edf, dw_up_edf, dw_down_efd)`.
+    #[allow(clippy::too_many_arguments)]
+    fn grouped_swiglu_backward(
+        dy_pd: FloatTensor<Self>,
+        x_pd: FloatTensor<Self>,
+        w_gate_edf: FloatTensor<Self>,
+        w_up_edf: FloatTensor<Self>,
+        w_down_efd: FloatTensor<Self>,
+        g_pf: FloatTensor<Self>,
+        u_pf: FloatTensor<Self>,
+        counts_e: Vec<usize>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        grouped_backward::<Self>(dy_pd, x_pd, w_gate_edf, w_up_edf, w_down_efd, g_pf, u_pf, &counts_e)
+    }
+
+    /// `silu(gate) ⊙ up`, element-wise, any shape.
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        let sig = Self::sigmoid(gate.clone());
+        Self::float_mul(Self::float_mul(gate, sig), up)
+    }
+
+    /// Backward of [`Self::swiglu`] from `grad_h`: `(d gate, d up)`.
+    fn swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        grad_h: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let sig = Self::sigmoid(gate.clone());
+        let silu = Self::float_mul(gate.clone(), sig.clone());
+        // silu'(g) = σ(g) · (1 + g · (1 − σ(g)))
+        let one_minus = Self::float_add_scalar(Self::float_neg(sig.clone()), 1.0f32.into());
+        let dsilu = Self::float_mul(sig, Self::float_add_scalar(Self::float_mul(gate, one_minus), 1.0f32.into()));
+        let d_gate = Self::float_mul(Self::float_mul(grad_h.clone(), up), dsilu);
+        (d_gate, Self::float_mul(grad_h, silu))
+    }
+
+    /// Dispatch permute: `out_pd[i] = x_td[token_p[i]]`; `row_tk` (the inverse map) is for the backward.
+    fn permute_rows(x_td: FloatTensor<Self>, token_p: IntTensor<Self>, row_tk: IntTensor<Self>) -> FloatTensor<Self> {
+        let _ = row_tk;
+        Self::float_select(x_td, 0, token_p)
+    }
+
+    /// Backward of [`Self::permute_rows`]: `dx_td[t] = Σ_j dy_pd[row_tk[t, j]]`.
+    fn permute_rows_backward(dy_pd: FloatTensor<Self>, row_tk: IntTensor<Self>) -> FloatTensor<Self> {
+        let (t, k, d) = (row_tk.shape()[0], row_tk.shape()[1], dy_pd.shape()[1]);
+        let rows = Self::float_select(dy_pd, 0, Self::int_reshape(row_tk, Shape::new([t * k])));
+        Self::float_reshape(
+            Self::float_sum_dim(Self::float_reshape(rows, Shape::new([t, k, d])), 1),
+            Shape::new([t, d]),
+        )
+    }
+
+    /// Combine: `out_td[t] = Σ_j w_tk[t, j] · y_pd[row_tk[t, j]]`; `slot_p` is for the backward.
+    fn combine_rows(
+        y_pd: FloatTensor<Self>,
+        w_tk: FloatTensor<Self>,
+        row_tk: IntTensor<Self>,
+        slot_p: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let _ = slot_p;
+        let (t, k, d) = (row_tk.shape()[0], row_tk.shape()[1], y_pd.shape()[1]);
+        let rows = Self::float_select(y_pd, 0, Self::int_reshape(row_tk, Shape::new([t * k])));
+        let weighted = Self::float_mul(
+            Self::float_reshape(rows, Shape::new([t, k, d])),
+            Self::float_reshape(w_tk, Shape::new([t, k, 1])),
+        );
+        Self::float_reshape(Self::float_sum_dim(weighted, 1), Shape::new([t, d]))
+    }
+
+    /// Backward of [`Self::combine_rows`] from `dout_td`: `(dy_pd, dw_tk)` with
+    /// `dy_pd[i] = w[slot_p[i]] · dout_td[slot_p[i] / k]` and `dw_tk[t, j] = ⟨dout_td[t], y_pd[row_tk[t, j]]⟩`.
+    fn combine_rows_backward(
+        dout_td: FloatTensor<Self>,
+        y_pd: FloatTensor<Self>,
+        w_tk: FloatTensor<Self>,
+        row_tk: IntTensor<Self>,
+        slot_p: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (t, k, d) = (row_tk.shape()[0], row_tk.shape()[1], y_pd.shape()[1]);
+        let p = slot_p.shape()[0];
+        let token_p = Self::int_div_scalar(slot_p.clone(), (k as i64).into());
+        let w_p = Self::float_select(Self::float_reshape(w_tk, Shape::new([t * k])), 0, slot_p);
+        let dy_pd = Self::float_mul(
+            Self::float_select(dout_td.clone(), 0, token_p),
+            Self::float_reshape(w_p, Shape::new([p, 1])),
+        );
+        let rows = Self::float_select(y_pd, 0, Self::int_reshape(row_tk, Shape::new([t * k])));
+        let prod = Self::float_mul(
+            Self::float_reshape(rows, Shape::new([t, k, d])),
+            Self::float_reshape(dout_td, Shape::new([t, 1, d])),
+        );
+        (dy_pd, Self::float_reshape(Self::float_sum_dim(prod, 2), Shape::new([t, k])))
+    }
+
+    /// Softmax top-k gating: the `k` largest of `softmax(logits_te)` per token in descending order,
+    /// as `(w_tk, idx_tk)`, the weights divided by their sum when `renormalize`.
+    fn topk_softmax(logits_te: FloatTensor<Self>, k: usize, renormalize: bool) -> (FloatTensor<Self>, IntTensor<Self>) {
+        let probs = softmax_rows::<Self>(logits_te);
+        let int_dtype = get_or_init_device_settings::<Self>(&probs.device()).int_dtype;
+        let (w_tk, idx_tk) = Self::float_topk_with_indices(probs, 1, k, int_dtype);
+        if renormalize {
+            let sum_t1 = Self::float_sum_dim(w_tk.clone(), 1);
+            return (Self::float_div(w_tk, sum_t1), idx_tk);
+        }
+        (w_tk, idx_tk)
+    }
+
+    /// Backward of [`Self::topk_softmax`] from `dw_tk`, given its outputs: `d logits_te`.
+    fn topk_softmax_backward(
+        logits_te: FloatTensor<Self>,
+        idx_tk: IntTensor<Self>,
+        w_tk: FloatTensor<Self>,
+        dw_tk: FloatTensor<Self>,
+        renormalize: bool,
+    ) -> FloatTensor<Self> {
+        let probs_te = softmax_rows::<Self>(logits_te);
+        // g = ∂L/∂p at the picked experts.
+        let g_tk = if renormalize {
+            let mass_t1 = Self::float_sum_dim(Self::float_gather(1, probs_te.clone(), idx_tk.clone()), 1);
+            let dot_t1 = Self::float_sum_dim(Self::float_mul(dw_tk.clone(), w_tk), 1);
+            Self::float_div(Self::float_sub(dw_tk, dot_t1), mass_t1)
+        } else {
+            dw_tk
+        };
+        let zeros = Self::float_zeros(probs_te.shape(), &probs_te.device(), probs_te.dtype().into());
+        let g_te = Self::float_scatter(1, zeros, idx_tk, g_tk, IndexingUpdateOp::Add);
+        let gp_t1 = Self::float_sum_dim(Self::float_mul(g_te.clone(), probs_te.clone()), 1);
+        Self::float_mul(probs_te, Self::float_sub(g_te, gp_t1))
+    }
+}
+
+/// Row-wise softmax of `[t, e]`, max-subtracted.
+fn softmax_rows<B: Backend>(logits_te: FloatTensor<B>) -> FloatTensor<B> {
+    let max_t1 = B::float_max_dim(logits_te.clone(), 1);
+    let exp_te = B::float_exp(B::float_sub(logits_te, max_t1));
+    let sum_t1 = B::float_sum_dim(exp_te.clone(), 1);
+    B::float_div(exp_te, sum_t1)
+}
+
+impl MoeBackend for burn::backend::Flex {}
