@@ -4,6 +4,7 @@
 //! in registers and LDS from the code object's metadata.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::sync::{Mutex, OnceLock};
 
 use libloading::{Library, Symbol};
 
@@ -28,26 +29,33 @@ pub struct CodeObject {
     pub target: String,
 }
 
-/// HIP RTC from the system's HIP runtime library.
+/// HIP RTC from the system's HIP runtime library. The library is loaded once and never unloaded
+/// (unloading the HIP runtime while its threads live crashes the process); compiles are serialised.
 pub struct HipRtc {
-    lib: Library,
+    lib: &'static Library,
 }
+
+static LIBRARY: OnceLock<Result<Library, String>> = OnceLock::new();
+static COMPILING: Mutex<()> = Mutex::new(());
 
 impl HipRtc {
     /// Loads `libamdhip64.so` (HIP RTC lives in it since HIP 5); an error says what to install.
     pub fn load() -> Result<Self, String> {
-        let mut last = String::new();
-        for name in ["libamdhip64.so", "libamdhip64.so.5", "libamdhip64.so.6"] {
-            // SAFETY: loading the HIP runtime library runs its initialisers, which do not touch devices.
-            match unsafe { Library::new(name) } {
-                Ok(lib) => return Ok(HipRtc { lib }),
-                Err(e) => last = e.to_string(),
+        let loaded = LIBRARY.get_or_init(|| {
+            let mut last = String::new();
+            for name in ["libamdhip64.so", "libamdhip64.so.5", "libamdhip64.so.6"] {
+                // SAFETY: loading the HIP runtime library runs its initialisers, which do not touch devices.
+                match unsafe { Library::new(name) } {
+                    Ok(lib) => return Ok(lib),
+                    Err(e) => last = e.to_string(),
+                }
             }
-        }
-        Err(format!(
-            "HIP RTC not found ({last}): install HIP (Debian/Ubuntu: `apt-get install libamdhip64-dev \
-             rocm-device-libs`, or ROCm) to compile the kernels for AMD GPUs"
-        ))
+            Err(format!(
+                "HIP RTC not found ({last}): install HIP (Debian/Ubuntu: `apt-get install libamdhip64-dev \
+                 rocm-device-libs`, or ROCm) to compile the kernels for AMD GPUs"
+            ))
+        });
+        loaded.as_ref().map(|lib| HipRtc { lib }).map_err(Clone::clone)
     }
 
     /// Compiles one HIP C++ source for `arch` (e.g. `gfx90a`) with the options `cubecl-hip` uses.
@@ -90,6 +98,7 @@ impl HipRtc {
             .collect();
         let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
         let mut prog: Program = std::ptr::null_mut();
+        let _serial = COMPILING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         // SAFETY: every pointer is valid for the call; the program is destroyed before returning.
         unsafe {
             let rc = create(&mut prog, src.as_ptr(), cname.as_ptr(), 0, std::ptr::null(), std::ptr::null());
