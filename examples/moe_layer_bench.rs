@@ -46,31 +46,28 @@ fn main() {
     device.seed(0);
     let block = MoeBlockConfig::new(RouterConfig::new(a.hidden, a.experts, a.top_k), a.ffn).init(&device);
     let x = Tensor::<3>::random([1, a.tokens, a.hidden], Distribution::Normal(0.0, 1.0), &device).require_grad();
-    let mut times = Vec::new();
+    // Dense reference: [t·k, h] × [h, f] on the plain (non-autodiff) device, timed between the MoE
+    // iterations so both see the same machine state (clock, other load).
+    let plain = Device::flex();
+    let lhs = Tensor::<2>::random([a.tokens * a.top_k, a.hidden], Distribution::Default, &plain);
+    let rhs = Tensor::<2>::random([a.hidden, a.ffn], Distribution::Default, &plain);
+    let (mut times, mut dense) = (Vec::new(), Vec::new());
     for it in 0..a.iters + 2 {
         let t = Instant::now();
         let (y, stats) = block.forward(x.clone());
         let grads = (y.sum() + stats.aux_loss * 0.01).backward();
         let _ = x.grad(&grads).expect("input gradient").into_data();
+        let moe = t.elapsed().as_secs_f64();
+        let t0 = Instant::now();
+        let _ = lhs.clone().matmul(rhs.clone()).into_data();
         if it >= 2 {
-            times.push(t.elapsed().as_secs_f64());
+            times.push(moe);
+            dense.push(t0.elapsed().as_secs_f64());
         }
     }
     let moe_s = median(times);
     let (t, h, f, e, k) = (a.tokens as f64, a.hidden as f64, a.ffn as f64, a.experts as f64, a.top_k as f64);
     let flops = 3.0 * (2.0 * t * k * 3.0 * h * f + 2.0 * t * h * e);
-    // Dense reference: [t·k, h] × [h, f] on the plain (non-autodiff) device.
-    let plain = Device::flex();
-    let lhs = Tensor::<2>::random([a.tokens * a.top_k, a.hidden], Distribution::Default, &plain);
-    let rhs = Tensor::<2>::random([a.hidden, a.ffn], Distribution::Default, &plain);
-    let mut dense = Vec::new();
-    for it in 0..a.iters + 2 {
-        let t0 = Instant::now();
-        let _ = lhs.clone().matmul(rhs.clone()).into_data();
-        if it >= 2 {
-            dense.push(t0.elapsed().as_secs_f64());
-        }
-    }
     let dense_s = median(dense);
     let dense_gflops = 2.0 * t * k * h * f / dense_s / 1e9;
     let gflops = flops / moe_s / 1e9;

@@ -177,5 +177,3 @@ fn softmax_rows<B: Backend>(logits_te: FloatTensor<B>) -> FloatTensor<B> {
     let sum_t1 = B::float_sum_dim(exp_te.clone(), 1);
     B::float_div(exp_te, sum_t1)
 }
-
-impl MoeBackend for burn::backend::Flex {}

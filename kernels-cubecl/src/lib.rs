@@ -4,8 +4,9 @@
 //! and the grouped expert GEMM — each forward and backward, with a plain-tensor `*_reference` twin in
 //! [`reference`].
 //!
-//! They are Burn backend-extension operations ([`backend::MoeBackend`]): on the CPU (Flex) they run
-//! Burn's own primitive ops; with the `wgpu` feature the Cube backend runs the CubeCL kernels of
+//! They are Burn backend-extension operations ([`backend::MoeBackend`]): on the CPU (Flex) the grouped
+//! GEMMs and SwiGLU run fused host code over the `gemm` crate ([`flex`]) and the rest Burn's own
+//! primitive ops; with the `wgpu` feature the Cube backend runs the CubeCL kernels of
 //! [`cube::kernels`]; with `hip-codegen` the same kernels are emitted as HIP C++ and compiled for AMD
 //! GPUs ([`hip`], [`hiprtc`]). Under `Autodiff` every op has a hand-written backward that calls the
 //! backend's backward op.
@@ -17,6 +18,7 @@ pub mod autodiff;
 pub mod backend;
 #[cfg(feature = "kernels")]
 pub mod cube;
+pub mod flex;
 pub mod grouped;
 #[cfg(feature = "hip-codegen")]
 pub mod hip;
