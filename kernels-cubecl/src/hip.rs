@@ -14,6 +14,7 @@ use cubecl::{Compiler, CubeKernel};
 use cubecl_cpp::shared::{CompilationOptions, CppCompiler};
 use cubecl_cpp::target::Hip;
 
+use crate::cube::grouped_gemm::*;
 use crate::cube::kernels::*;
 
 /// One kernel's generated HIP source.
@@ -23,6 +24,9 @@ pub struct HipKernelSource {
     pub name: &'static str,
     /// HIP C++ source, one `extern "C" __global__` entry point.
     pub source: String,
+    /// Shared memory (LDS) the kernel declares as `extern __shared__`: passed at launch, so it is
+    /// not in the code object's fixed LDS size.
+    pub dynamic_lds_bytes: usize,
 }
 
 /// An MI250X GCD as far as code generation is concerned: 64-wide wavefronts, 64 KiB LDS, 1024 units
@@ -70,6 +74,13 @@ pub fn hip_sources() -> Result<Vec<HipKernelSource>, String> {
     let props = Arc::new(mi250x_properties());
     let target = Arc::new(TargetProperties::default());
     let settings = || KernelSettings::new(CubeDim::new_1d(256).into(), ExecutionMode::Checked, AddressType::U32);
+    let tiled = || {
+        KernelSettings::new(
+            CubeDim::new_2d(UNITS as u32, UNITS as u32).into(),
+            ExecutionMode::Checked,
+            AddressType::U32,
+        )
+    };
     let f = ElemType::Float(FloatKind::F32);
     let i = ElemType::Int(IntKind::I32);
     let (p, t) = (props.clone(), target.clone());
@@ -192,9 +203,27 @@ pub fn hip_sources() -> Result<Vec<HipKernelSource>, String> {
             )),
         ),
         (
+            "grouped_gate_up",
+            Box::new(grouped_gate_up_kernel::GroupedGateUpKernel::new(
+                tiled(),
+                p.clone(),
+                t.clone(),
+                tensor(),
+                tensor(),
+                tensor(),
+                tensor(),
+                tensor(),
+                tensor(),
+                tensor(),
+                (),
+                (),
+                [f, i],
+            )),
+        ),
+        (
             "grouped_matmul",
             Box::new(grouped_matmul_kernel::GroupedMatmulKernel::new(
-                settings(),
+                tiled(),
                 p.clone(),
                 t.clone(),
                 tensor(),
@@ -208,9 +237,25 @@ pub fn hip_sources() -> Result<Vec<HipKernelSource>, String> {
             )),
         ),
         (
+            "grouped_matmul_transposed",
+            Box::new(grouped_matmul_kernel::GroupedMatmulKernel::new(
+                tiled(),
+                p.clone(),
+                t.clone(),
+                tensor(),
+                tensor(),
+                tensor(),
+                tensor(),
+                (),
+                (),
+                true,
+                [f, i],
+            )),
+        ),
+        (
             "grouped_weight_grad",
             Box::new(grouped_weight_grad_kernel::GroupedWeightGradKernel::new(
-                settings(),
+                tiled(),
                 p.clone(),
                 t.clone(),
                 tensor(),
@@ -229,7 +274,7 @@ pub fn hip_sources() -> Result<Vec<HipKernelSource>, String> {
         let mut compiler = CppCompiler::<Hip>::default();
         let options = CompilationOptions { warp_size: 64, ..Default::default() };
         let compiled = Compiler::compile(&mut compiler, definition, &options).map_err(|e| format!("{name}: {e:?}"))?;
-        out.push(HipKernelSource { name, source: compiled.source });
+        out.push(HipKernelSource { name, source: compiled.source, dynamic_lds_bytes: compiled.shared_memory_size });
     }
     Ok(out)
 }

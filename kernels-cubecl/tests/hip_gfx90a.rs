@@ -3,6 +3,7 @@
 //! is not installed, unless `PIPER_REQUIRE_HIP=1` (set by `.ci/run`), which turns that into a failure.
 #![cfg(feature = "hip-codegen")]
 
+use kernels_cubecl::cube::grouped_gemm::{BLOCK, CHUNK};
 use kernels_cubecl::hip::hip_sources;
 use kernels_cubecl::hiprtc::HipRtc;
 
@@ -20,10 +21,11 @@ fn hiprtc() -> Option<HipRtc> {
 #[test]
 fn every_kernel_generates_one_hip_entry_point() {
     let sources = hip_sources().expect("HIP code generation");
-    assert_eq!(sources.len(), 10);
+    assert_eq!(sources.len(), 12);
     for k in &sources {
         assert_eq!(k.source.matches("extern \"C\" __global__").count(), 1, "{}", k.name);
-        assert!(k.source.contains(&format!("{}_kernel", k.name)), "{}: entry point named after the kernel", k.name);
+        let function = k.name.trim_end_matches("_transposed");
+        assert!(k.source.contains(&format!("{function}_kernel")), "{}: entry point named after the kernel", k.name);
     }
 }
 
@@ -50,6 +52,15 @@ fn every_kernel_compiles_for_mi250x_without_spills() {
         assert!(co.vgpr_count > 0 && co.vgpr_count <= 128, "{}: {} VGPRs", k.name, co.vgpr_count);
         assert_eq!(co.spill_count, 0, "{}: register spills", k.name);
         assert_eq!(co.scratch_bytes, 0, "{}: scratch memory", k.name);
+        // The tiled GEMMs stage two operand tiles (three for gate + up) of BLOCK × CHUNK f32 in LDS.
+        let staged = match k.name {
+            "grouped_gate_up" => 3,
+            "grouped_matmul" | "grouped_matmul_transposed" | "grouped_weight_grad" => 2,
+            _ => 0,
+        };
+        let lds = co.lds_bytes as usize + k.dynamic_lds_bytes;
+        assert!(lds >= staged * BLOCK * CHUNK * 4, "{}: {lds} bytes of LDS", k.name);
+        assert!(lds <= 64 * 1024, "{}: {lds} bytes of LDS, more than an MI250X compute unit has", k.name);
         // The metadata reader against LLVM's own, where the tool is installed.
         let path = dir.join(format!("{}.co", k.name));
         std::fs::write(&path, &co.bytes).unwrap();

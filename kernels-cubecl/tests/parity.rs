@@ -183,6 +183,9 @@ fn all_cases(device: &Device) {
     grouped_case(device, &[3, 0, 5, 1]);
     grouped_case(device, &[0, 0, 9, 0]);
     grouped_case(device, &[2, 2, 2, 2, 2, 2, 2, 2]);
+    // Past one 64 × 64 block of the tiled GEMMs: several row blocks per expert, two column blocks,
+    // reductions that end mid-chunk.
+    grouped_case_sized(device, &[70, 0, 5, 130], 24, 80);
 }
 
 #[test]

@@ -71,17 +71,24 @@ pub fn learning_rate(c: &TrainConfig, step: usize) -> f64 {
     min + 0.5 * (c.lr - min) * (1.0 + (std::f64::consts::PI * progress).cos())
 }
 
-/// Dense f32 GEMM rate of `device` (FLOP/s), the best of a few 1024³ products: the peak MFU refers to.
+/// Dense f32 GEMM rate of `device` (FLOP/s), the best of a few runs of 8 back-to-back 1024³ products:
+/// the peak MFU refers to. Each run ends by reading one element of the last product back to the host,
+/// so on asynchronous backends (wgpu) the time covers the work, not only its launch.
 pub fn measure_peak_flops(device: &Device) -> f64 {
-    let n = 1024;
+    let (n, reps) = (1024usize, 8usize);
     let a = Tensor::<2>::random([n, n], burn::tensor::Distribution::Default, device);
     let b = Tensor::<2>::random([n, n], burn::tensor::Distribution::Default, device);
-    let _ = a.clone().matmul(b.clone()).into_data();
+    let wait = |c: Tensor<2>| -> f32 { c.slice([0..1, 0..1]).into_data().try_to_vec::<f32>().map_or(0.0, |v| v[0]) };
+    wait(a.clone().matmul(b.clone()));
     (0..3)
         .map(|_| {
             let t = Instant::now();
-            let _ = a.clone().matmul(b.clone()).into_data();
-            2.0 * (n * n * n) as f64 / t.elapsed().as_secs_f64()
+            let mut last = a.clone().matmul(b.clone());
+            for _ in 1..reps {
+                last = a.clone().matmul(b.clone());
+            }
+            wait(last);
+            2.0 * (reps * n * n * n) as f64 / t.elapsed().as_secs_f64()
         })
         .fold(0.0, f64::max)
 }

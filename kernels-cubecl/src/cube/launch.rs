@@ -15,6 +15,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
+use super::grouped_gemm::*;
 use super::kernels::*;
 use crate::backend::MoeBackend;
 
@@ -39,65 +40,129 @@ fn ints_on(reference: &CubeTensor, values: Vec<i64>) -> IntTensor<B> {
     B::int_from_data(data.convert_dtype(dtype.into()), &reference.device)
 }
 
-/// Row → expert and expert → first row, from the per-expert counts.
-fn expert_maps(reference: &CubeTensor, counts_e: &[usize]) -> (IntTensor<B>, IntTensor<B>) {
-    let expert_p: Vec<i64> = counts_e.iter().enumerate().flat_map(|(e, &n)| std::iter::repeat_n(e as i64, n)).collect();
-    let mut offset_e = vec![0i64];
-    for &n in counts_e {
-        offset_e.push(offset_e.last().unwrap() + n as i64);
+/// Blocks of at most [`BLOCK`] rows that each stay inside one expert, as `(expert, first row, end
+/// row)` triples, and each expert's first row (`e + 1` offsets).
+fn expert_blocks(reference: &CubeTensor, counts_e: &[usize]) -> (Option<IntTensor<B>>, IntTensor<B>, usize) {
+    let (mut tile_r, mut offset_e) = (Vec::new(), vec![0i64]);
+    let mut row0 = 0usize;
+    for (e, &n) in counts_e.iter().enumerate() {
+        for start in (row0..row0 + n).step_by(BLOCK) {
+            tile_r.extend([e as i64, start as i64, (start + BLOCK).min(row0 + n) as i64]);
+        }
+        row0 += n;
+        offset_e.push(row0 as i64);
     }
-    (ints_on(reference, expert_p), ints_on(reference, offset_e))
+    let blocks = tile_r.len() / 3;
+    let tiles = (blocks > 0).then(|| ints_on(reference, tile_r));
+    (tiles, ints_on(reference, offset_e), blocks)
 }
 
-/// `out_pn[i] = x_pq[i] · w[expert_p[i]]` (`w` `[e, q, n]`), or `· w[expert_p[i]]ᵀ` (`w` `[e, n, q]`).
-fn grouped_matmul(x_pq: CubeTensor, w: CubeTensor, expert_p: CubeTensor, transpose_w: bool) -> CubeTensor {
+/// Launch geometry of the tiled GEMMs: `UNITS × UNITS` units per cube.
+fn gemm_grid(x: usize, y: usize, z: usize) -> (CubeCount, CubeDim) {
+    let count = |v: usize| u32::try_from(v).expect("grid fits in u32");
+    (CubeCount::Static(count(x), count(y), count(z)), CubeDim::new_2d(UNITS as u32, UNITS as u32))
+}
+
+/// `out_pn[i] = x_pq[i] · w[e]` (`w` `[e, q, n]`), or `· w[e]ᵀ` (`w` `[e, n, q]`), for the rows i of
+/// expert e, over the row blocks of [`expert_blocks`].
+fn grouped_matmul(
+    x_pq: CubeTensor,
+    w: CubeTensor,
+    tiles: &Option<IntTensor<B>>,
+    blocks: usize,
+    transpose_w: bool,
+) -> CubeTensor {
     let (p, q) = (x_pq.shape()[0], x_pq.shape()[1]);
     let n = if transpose_w { w.shape()[1] } else { w.shape()[2] };
     let out = empty_like(&x_pq, Shape::new([p, n]), x_pq.dtype);
-    if let Some((count, dim)) = grid(&x_pq, p * n) {
-        let dtypes = [dtype_to_storage_type(x_pq.dtype), dtype_to_storage_type(expert_p.dtype)];
-        // SAFETY: the kernel bounds-checks its unit index; all tensors are contiguous with the shapes above.
-        unsafe {
-            grouped_matmul_kernel::launch_unchecked(
-                &x_pq.client.clone(),
-                count,
-                dim,
-                into_contiguous(x_pq).into_tensor_arg(),
-                into_contiguous(w).into_tensor_arg(),
-                expert_p.into_tensor_arg(),
-                out.clone().into_tensor_arg(),
-                q,
-                n,
-                transpose_w,
-                dtypes,
-            )
-        };
+    let Some(tiles) = tiles else { return out };
+    if n == 0 {
+        return out;
     }
+    let (count, dim) = gemm_grid(n.div_ceil(BLOCK), blocks, 1);
+    let dtypes = [dtype_to_storage_type(x_pq.dtype), dtype_to_storage_type(tiles.dtype)];
+    // SAFETY: every row block lies inside `[0, p)` and one expert; the kernel bounds-checks rows,
+    // columns and the reduction; all tensors are contiguous with the shapes above.
+    unsafe {
+        grouped_matmul_kernel::launch_unchecked(
+            &x_pq.client.clone(),
+            count,
+            dim,
+            into_contiguous(x_pq).into_tensor_arg(),
+            into_contiguous(w).into_tensor_arg(),
+            tiles.clone().into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            q,
+            n,
+            transpose_w,
+            dtypes,
+        )
+    };
     out
+}
+
+/// Gate and up projections with the SwiGLU epilogue: `(g_pf, u_pf, h_pf)`.
+fn grouped_gate_up(
+    x_pd: CubeTensor,
+    w_gate_edf: CubeTensor,
+    w_up_edf: CubeTensor,
+    tiles: &Option<IntTensor<B>>,
+    blocks: usize,
+) -> (CubeTensor, CubeTensor, CubeTensor) {
+    let (p, d, f) = (x_pd.shape()[0], x_pd.shape()[1], w_gate_edf.shape()[2]);
+    let out = || empty_like(&x_pd, Shape::new([p, f]), x_pd.dtype);
+    let (g, u, h) = (out(), out(), out());
+    let Some(tiles) = tiles else { return (g, u, h) };
+    if f == 0 {
+        return (g, u, h);
+    }
+    let (count, dim) = gemm_grid(f.div_ceil(BLOCK), blocks, 1);
+    let dtypes = [dtype_to_storage_type(x_pd.dtype), dtype_to_storage_type(tiles.dtype)];
+    // SAFETY: as in `grouped_matmul`.
+    unsafe {
+        grouped_gate_up_kernel::launch_unchecked(
+            &x_pd.client.clone(),
+            count,
+            dim,
+            into_contiguous(x_pd).into_tensor_arg(),
+            into_contiguous(w_gate_edf).into_tensor_arg(),
+            into_contiguous(w_up_edf).into_tensor_arg(),
+            tiles.clone().into_tensor_arg(),
+            g.clone().into_tensor_arg(),
+            u.clone().into_tensor_arg(),
+            h.clone().into_tensor_arg(),
+            d,
+            f,
+            dtypes,
+        )
+    };
+    (g, u, h)
 }
 
 /// `dw_eqn[x] = a_pq[rows of x]ᵀ · b_pn[rows of x]`.
 fn grouped_weight_grad(a_pq: CubeTensor, b_pn: CubeTensor, offset_e: CubeTensor, experts: usize) -> CubeTensor {
     let (q, n) = (a_pq.shape()[1], b_pn.shape()[1]);
     let out = empty_like(&a_pq, Shape::new([experts, q, n]), a_pq.dtype);
-    if let Some((count, dim)) = grid(&a_pq, experts * q * n) {
-        let dtypes = [dtype_to_storage_type(a_pq.dtype), dtype_to_storage_type(offset_e.dtype)];
-        // SAFETY: as in `grouped_matmul`; offsets are non-decreasing and end at the row count.
-        unsafe {
-            grouped_weight_grad_kernel::launch_unchecked(
-                &a_pq.client.clone(),
-                count,
-                dim,
-                into_contiguous(a_pq).into_tensor_arg(),
-                into_contiguous(b_pn).into_tensor_arg(),
-                offset_e.into_tensor_arg(),
-                out.clone().into_tensor_arg(),
-                q,
-                n,
-                dtypes,
-            )
-        };
+    if experts * q * n == 0 {
+        return out;
     }
+    let (count, dim) = gemm_grid(n.div_ceil(BLOCK), q.div_ceil(BLOCK), experts);
+    let dtypes = [dtype_to_storage_type(a_pq.dtype), dtype_to_storage_type(offset_e.dtype)];
+    // SAFETY: offsets are non-decreasing and end at the row count; the kernel bounds-checks q and n.
+    unsafe {
+        grouped_weight_grad_kernel::launch_unchecked(
+            &a_pq.client.clone(),
+            count,
+            dim,
+            into_contiguous(a_pq).into_tensor_arg(),
+            into_contiguous(b_pn).into_tensor_arg(),
+            offset_e.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            q,
+            n,
+            dtypes,
+        )
+    };
     out
 }
 
@@ -109,11 +174,9 @@ impl MoeBackend for CubeBackend {
         w_down_efd: FloatTensor<Self>,
         counts_e: Vec<usize>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (expert_p, _) = expert_maps(&x_pd, &counts_e);
-        let g_pf = grouped_matmul(x_pd.clone(), w_gate_edf, expert_p.clone(), false);
-        let u_pf = grouped_matmul(x_pd, w_up_edf, expert_p.clone(), false);
-        let h_pf = Self::swiglu(g_pf.clone(), u_pf.clone());
-        (grouped_matmul(h_pf, w_down_efd, expert_p, false), g_pf, u_pf)
+        let (tiles, _, blocks) = expert_blocks(&x_pd, &counts_e);
+        let (g_pf, u_pf, h_pf) = grouped_gate_up(x_pd, w_gate_edf, w_up_edf, &tiles, blocks);
+        (grouped_matmul(h_pf, w_down_efd, &tiles, blocks, false), g_pf, u_pf)
     }
 
     fn grouped_swiglu_backward(
@@ -127,13 +190,13 @@ impl MoeBackend for CubeBackend {
         counts_e: Vec<usize>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let experts = counts_e.len();
-        let (expert_p, offset_e) = expert_maps(&dy_pd, &counts_e);
-        let dh_pf = grouped_matmul(dy_pd.clone(), w_down_efd, expert_p.clone(), true);
+        let (tiles, offset_e, blocks) = expert_blocks(&dy_pd, &counts_e);
+        let dh_pf = grouped_matmul(dy_pd.clone(), w_down_efd, &tiles, blocks, true);
         let h_pf = Self::swiglu(g_pf.clone(), u_pf.clone());
         let (dg_pf, du_pf) = Self::swiglu_backward(g_pf, u_pf, dh_pf);
         let dx_pd = Self::float_add(
-            grouped_matmul(dg_pf.clone(), w_gate_edf, expert_p.clone(), true),
-            grouped_matmul(du_pf.clone(), w_up_edf, expert_p, true),
+            grouped_matmul(dg_pf.clone(), w_gate_edf, &tiles, blocks, true),
+            grouped_matmul(du_pf.clone(), w_up_edf, &tiles, blocks, true),
         );
         let dwg = grouped_weight_grad(x_pd.clone(), dg_pf, offset_e.clone(), experts);
         let dwu = grouped_weight_grad(x_pd, du_pf, offset_e.clone(), experts);

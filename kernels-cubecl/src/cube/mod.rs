@@ -1,5 +1,6 @@
 //! The CubeCL side: kernel definitions and, with a runtime, their launch as Burn backend ops.
 
+pub mod grouped_gemm;
 pub mod kernels;
 #[cfg(feature = "wgpu")]
 mod launch;

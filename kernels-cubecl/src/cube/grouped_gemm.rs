@@ -1,0 +1,294 @@
+//! Tiled grouped expert GEMMs for tall-skinny per-expert problems: rows are sorted by expert, and the
+//! host cuts each expert's rows into blocks of [`BLOCK`] rows (`tile_r`, three integers per block:
+//! expert, first row, end row), so no block mixes experts and an expert with no rows costs nothing.
+//!
+//! A cube of `UNITS × UNITS` units computes a `BLOCK × BLOCK` output block; each unit holds a
+//! `MICRO × MICRO` micro-tile in registers (rows `ty + UNITS·i`, columns `tx + UNITS·j`, so that
+//! neighbouring units write neighbouring columns). The reduction runs in chunks of [`CHUNK`], both
+//! operands staged in shared memory, every staged value reused `BLOCK` times.
+//!
+//! Legend: p = rows (sorted by expert), q = reduction length, n = output columns, e = experts.
+
+use cubecl::prelude::*;
+
+/// Units along each side of a cube.
+pub const UNITS: usize = 16;
+/// Outputs per unit along each side.
+pub const MICRO: usize = 4;
+/// Output block per cube along each side.
+pub const BLOCK: usize = UNITS * MICRO;
+/// Reduction length staged per step.
+pub const CHUNK: usize = 16;
+/// Staged values each unit loads per operand and step.
+const LOADS: usize = BLOCK * CHUNK / (UNITS * UNITS);
+
+/// `out_pn[i] = x_pq[i] · w_eqn[e]` for the rows i of expert e, or `· w_enq[e]ᵀ` when `transpose_w`
+/// (the backward to the input). Cubes: `(⌈n / BLOCK⌉, row blocks)`.
+#[cube(launch_unchecked, create_dummy_kernel)]
+pub fn grouped_matmul_kernel<F: Float, I: Numeric>(
+    x_pq: &Tensor<F>,
+    w: &Tensor<F>,
+    tile_r: &Tensor<I>,
+    out_pn: &mut Tensor<F>,
+    q: usize,
+    n: usize,
+    #[comptime] transpose_w: bool,
+    #[define(F, I)] _dtypes: [ElemType; 2],
+) {
+    let block = usize::cast_from(CUBE_POS_Y);
+    let expert = usize::cast_from(tile_r[block * 3]);
+    let row0 = usize::cast_from(tile_r[block * 3 + 1]);
+    let row_end = usize::cast_from(tile_r[block * 3 + 2]);
+    let col0 = usize::cast_from(CUBE_POS_X) * BLOCK;
+    let tx = usize::cast_from(UNIT_POS_X);
+    let ty = usize::cast_from(UNIT_POS_Y);
+    let unit = ty * UNITS + tx;
+    let w_base = expert * q * n;
+    // xs: [BLOCK rows, CHUNK]; ws: [CHUNK, BLOCK columns].
+    let mut xs = Shared::<[F]>::new_slice(BLOCK * CHUNK);
+    let mut ws = Shared::<[F]>::new_slice(CHUNK * BLOCK);
+    let mut acc = Array::<F>::new(MICRO * MICRO);
+    #[unroll]
+    for i in 0..MICRO * MICRO {
+        acc[i] = F::new(0.0);
+    }
+    let steps = q.div_ceil(CHUNK);
+    for step in 0..steps {
+        let k0 = step * CHUNK;
+        #[unroll]
+        for l in 0..LOADS {
+            let idx = unit + l * UNITS * UNITS;
+            let (r, c) = (idx / CHUNK, idx % CHUNK);
+            let mut v = F::new(0.0);
+            if row0 + r < row_end && k0 + c < q {
+                v = x_pq[(row0 + r) * q + k0 + c];
+            }
+            xs[idx] = v;
+            let mut wv = F::new(0.0);
+            if transpose_w {
+                // w is [n, q] per expert: walk the reduction index fastest, as memory is laid out.
+                let (col, kk) = (idx / CHUNK, idx % CHUNK);
+                if k0 + kk < q && col0 + col < n {
+                    wv = w[w_base + (col0 + col) * q + k0 + kk];
+                }
+                ws[kk * BLOCK + col] = wv;
+            } else {
+                let (kk, col) = (idx / BLOCK, idx % BLOCK);
+                if k0 + kk < q && col0 + col < n {
+                    wv = w[w_base + (k0 + kk) * n + col0 + col];
+                }
+                ws[idx] = wv;
+            }
+        }
+        sync_cube();
+        #[unroll]
+        for kk in 0..CHUNK {
+            let mut a = Array::<F>::new(MICRO);
+            let mut b = Array::<F>::new(MICRO);
+            #[unroll]
+            for i in 0..MICRO {
+                a[i] = xs[(ty + UNITS * i) * CHUNK + kk];
+                b[i] = ws[kk * BLOCK + tx + UNITS * i];
+            }
+            #[unroll]
+            for i in 0..MICRO {
+                #[unroll]
+                for j in 0..MICRO {
+                    acc[i * MICRO + j] += a[i] * b[j];
+                }
+            }
+        }
+        sync_cube();
+    }
+    #[unroll]
+    for i in 0..MICRO {
+        let row = row0 + ty + UNITS * i;
+        #[unroll]
+        for j in 0..MICRO {
+            let col = col0 + tx + UNITS * j;
+            if row < row_end && col < n {
+                out_pn[row * n + col] = acc[i * MICRO + j];
+            }
+        }
+    }
+}
+
+/// The experts' gate and up projections with the SwiGLU epilogue, in one pass over `x_pq`:
+/// `g = x · Wg_e`, `u = x · Wu_e`, `h = silu(g) ⊙ u`, all `[p, n]` (g and u are kept for the
+/// backward). Cubes: `(⌈n / BLOCK⌉, row blocks)`.
+#[cube(launch_unchecked, create_dummy_kernel)]
+pub fn grouped_gate_up_kernel<F: Float, I: Numeric>(
+    x_pq: &Tensor<F>,
+    w_gate: &Tensor<F>,
+    w_up: &Tensor<F>,
+    tile_r: &Tensor<I>,
+    g_pn: &mut Tensor<F>,
+    u_pn: &mut Tensor<F>,
+    h_pn: &mut Tensor<F>,
+    q: usize,
+    n: usize,
+    #[define(F, I)] _dtypes: [ElemType; 2],
+) {
+    let block = usize::cast_from(CUBE_POS_Y);
+    let expert = usize::cast_from(tile_r[block * 3]);
+    let row0 = usize::cast_from(tile_r[block * 3 + 1]);
+    let row_end = usize::cast_from(tile_r[block * 3 + 2]);
+    let col0 = usize::cast_from(CUBE_POS_X) * BLOCK;
+    let tx = usize::cast_from(UNIT_POS_X);
+    let ty = usize::cast_from(UNIT_POS_Y);
+    let unit = ty * UNITS + tx;
+    let w_base = expert * q * n;
+    let mut xs = Shared::<[F]>::new_slice(BLOCK * CHUNK);
+    let mut gs = Shared::<[F]>::new_slice(CHUNK * BLOCK);
+    let mut us = Shared::<[F]>::new_slice(CHUNK * BLOCK);
+    let mut acc_g = Array::<F>::new(MICRO * MICRO);
+    let mut acc_u = Array::<F>::new(MICRO * MICRO);
+    #[unroll]
+    for i in 0..MICRO * MICRO {
+        acc_g[i] = F::new(0.0);
+        acc_u[i] = F::new(0.0);
+    }
+    let steps = q.div_ceil(CHUNK);
+    for step in 0..steps {
+        let k0 = step * CHUNK;
+        #[unroll]
+        for l in 0..LOADS {
+            let idx = unit + l * UNITS * UNITS;
+            let (r, c) = (idx / CHUNK, idx % CHUNK);
+            let mut v = F::new(0.0);
+            if row0 + r < row_end && k0 + c < q {
+                v = x_pq[(row0 + r) * q + k0 + c];
+            }
+            xs[idx] = v;
+            let (kk, col) = (idx / BLOCK, idx % BLOCK);
+            let mut gv = F::new(0.0);
+            let mut uv = F::new(0.0);
+            if k0 + kk < q && col0 + col < n {
+                let at = w_base + (k0 + kk) * n + col0 + col;
+                gv = w_gate[at];
+                uv = w_up[at];
+            }
+            gs[idx] = gv;
+            us[idx] = uv;
+        }
+        sync_cube();
+        #[unroll]
+        for kk in 0..CHUNK {
+            let mut a = Array::<F>::new(MICRO);
+            let mut bg = Array::<F>::new(MICRO);
+            let mut bu = Array::<F>::new(MICRO);
+            #[unroll]
+            for i in 0..MICRO {
+                a[i] = xs[(ty + UNITS * i) * CHUNK + kk];
+                bg[i] = gs[kk * BLOCK + tx + UNITS * i];
+                bu[i] = us[kk * BLOCK + tx + UNITS * i];
+            }
+            #[unroll]
+            for i in 0..MICRO {
+                #[unroll]
+                for j in 0..MICRO {
+                    acc_g[i * MICRO + j] += a[i] * bg[j];
+                    acc_u[i * MICRO + j] += a[i] * bu[j];
+                }
+            }
+        }
+        sync_cube();
+    }
+    #[unroll]
+    for i in 0..MICRO {
+        let row = row0 + ty + UNITS * i;
+        #[unroll]
+        for j in 0..MICRO {
+            let col = col0 + tx + UNITS * j;
+            if row < row_end && col < n {
+                let (g, u) = (acc_g[i * MICRO + j], acc_u[i * MICRO + j]);
+                let at = row * n + col;
+                g_pn[at] = g;
+                u_pn[at] = u;
+                h_pn[at] = g * u / (F::new(1.0) + F::exp(-g));
+            }
+        }
+    }
+}
+
+/// Grouped weight gradient `dw_eqn[e] = a_pq[rows of e]ᵀ · b_pn[rows of e]`, expert e owning rows
+/// `[offset_e[e], offset_e[e + 1])`; an expert without rows gets zeros. Cubes:
+/// `(⌈n / BLOCK⌉, ⌈q / BLOCK⌉, e)`.
+#[cube(launch_unchecked, create_dummy_kernel)]
+pub fn grouped_weight_grad_kernel<F: Float, I: Numeric>(
+    a_pq: &Tensor<F>,
+    b_pn: &Tensor<F>,
+    offset_e: &Tensor<I>,
+    dw_eqn: &mut Tensor<F>,
+    q: usize,
+    n: usize,
+    #[define(F, I)] _dtypes: [ElemType; 2],
+) {
+    let expert = usize::cast_from(CUBE_POS_Z);
+    let q0 = usize::cast_from(CUBE_POS_Y) * BLOCK;
+    let n0 = usize::cast_from(CUBE_POS_X) * BLOCK;
+    let start = usize::cast_from(offset_e[expert]);
+    let end = usize::cast_from(offset_e[expert + 1]);
+    let tx = usize::cast_from(UNIT_POS_X);
+    let ty = usize::cast_from(UNIT_POS_Y);
+    let unit = ty * UNITS + tx;
+    // as_: [CHUNK rows, BLOCK of q]; bs: [CHUNK rows, BLOCK of n].
+    let mut as_ = Shared::<[F]>::new_slice(CHUNK * BLOCK);
+    let mut bs = Shared::<[F]>::new_slice(CHUNK * BLOCK);
+    let mut acc = Array::<F>::new(MICRO * MICRO);
+    #[unroll]
+    for i in 0..MICRO * MICRO {
+        acc[i] = F::new(0.0);
+    }
+    let steps = (end - start).div_ceil(CHUNK);
+    for step in 0..steps {
+        let r0 = start + step * CHUNK;
+        #[unroll]
+        for l in 0..LOADS {
+            let idx = unit + l * UNITS * UNITS;
+            let (r, c) = (idx / BLOCK, idx % BLOCK);
+            let mut av = F::new(0.0);
+            let mut bv = F::new(0.0);
+            if r0 + r < end {
+                if q0 + c < q {
+                    av = a_pq[(r0 + r) * q + q0 + c];
+                }
+                if n0 + c < n {
+                    bv = b_pn[(r0 + r) * n + n0 + c];
+                }
+            }
+            as_[idx] = av;
+            bs[idx] = bv;
+        }
+        sync_cube();
+        #[unroll]
+        for kk in 0..CHUNK {
+            let mut a = Array::<F>::new(MICRO);
+            let mut b = Array::<F>::new(MICRO);
+            #[unroll]
+            for i in 0..MICRO {
+                a[i] = as_[kk * BLOCK + ty + UNITS * i];
+                b[i] = bs[kk * BLOCK + tx + UNITS * i];
+            }
+            #[unroll]
+            for i in 0..MICRO {
+                #[unroll]
+                for j in 0..MICRO {
+                    acc[i * MICRO + j] += a[i] * b[j];
+                }
+            }
+        }
+        sync_cube();
+    }
+    #[unroll]
+    for i in 0..MICRO {
+        let row = q0 + ty + UNITS * i;
+        #[unroll]
+        for j in 0..MICRO {
+            let col = n0 + tx + UNITS * j;
+            if row < q && col < n {
+                dw_eqn[expert * q * n + row * n + col] = acc[i * MICRO + j];
+            }
+        }
+    }
+}
