@@ -33,6 +33,11 @@ enum Backend {
 }
 
 /// Train an MoE language model on one process.
+/// mimalloc keeps freed pages for reuse; glibc's malloc hands the large activation buffers back to the
+/// kernel and faults them in again every step (measured: ~15% of an MoE layer's time).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {

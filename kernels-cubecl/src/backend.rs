@@ -9,7 +9,7 @@
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Backend, TensorMetadata, backend_extension, get_or_init_device_settings};
-use burn::tensor::{IndexingUpdateOp, Shape};
+use burn::tensor::IndexingUpdateOp;
 
 use crate::grouped::{grouped_backward, grouped_forward};
 
@@ -83,12 +83,7 @@ pub trait MoeBackend: burn::backend::Backend {
 
     /// Backward of [`Self::permute_rows`]: `dx_td[t] = Σ_j dy_pd[row_tk[t, j]]`.
     fn permute_rows_backward(dy_pd: FloatTensor<Self>, row_tk: IntTensor<Self>) -> FloatTensor<Self> {
-        let (t, k, d) = (row_tk.shape()[0], row_tk.shape()[1], dy_pd.shape()[1]);
-        let rows = Self::float_select(dy_pd, 0, Self::int_reshape(row_tk, Shape::new([t * k])));
-        Self::float_reshape(
-            Self::float_sum_dim(Self::float_reshape(rows, Shape::new([t, k, d])), 1),
-            Shape::new([t, d]),
-        )
+        generic::permute_rows_backward::<Self>(dy_pd, row_tk)
     }
 
     /// Combine: `out_td[t] = Σ_j w_tk[t, j] · y_pd[row_tk[t, j]]`; `slot_p` is for the backward.
@@ -98,14 +93,7 @@ pub trait MoeBackend: burn::backend::Backend {
         row_tk: IntTensor<Self>,
         slot_p: IntTensor<Self>,
     ) -> FloatTensor<Self> {
-        let _ = slot_p;
-        let (t, k, d) = (row_tk.shape()[0], row_tk.shape()[1], y_pd.shape()[1]);
-        let rows = Self::float_select(y_pd, 0, Self::int_reshape(row_tk, Shape::new([t * k])));
-        let weighted = Self::float_mul(
-            Self::float_reshape(rows, Shape::new([t, k, d])),
-            Self::float_reshape(w_tk, Shape::new([t, k, 1])),
-        );
-        Self::float_reshape(Self::float_sum_dim(weighted, 1), Shape::new([t, d]))
+        generic::combine_rows::<Self>(y_pd, w_tk, row_tk, slot_p)
     }
 
     /// Backward of [`Self::combine_rows`] from `dout_td`: `(dy_pd, dw_tk)` with
@@ -117,20 +105,7 @@ pub trait MoeBackend: burn::backend::Backend {
         row_tk: IntTensor<Self>,
         slot_p: IntTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (t, k, d) = (row_tk.shape()[0], row_tk.shape()[1], y_pd.shape()[1]);
-        let p = slot_p.shape()[0];
-        let token_p = Self::int_div_scalar(slot_p.clone(), (k as i64).into());
-        let w_p = Self::float_select(Self::float_reshape(w_tk, Shape::new([t * k])), 0, slot_p);
-        let dy_pd = Self::float_mul(
-            Self::float_select(dout_td.clone(), 0, token_p),
-            Self::float_reshape(w_p, Shape::new([p, 1])),
-        );
-        let rows = Self::float_select(y_pd, 0, Self::int_reshape(row_tk, Shape::new([t * k])));
-        let prod = Self::float_mul(
-            Self::float_reshape(rows, Shape::new([t, k, d])),
-            Self::float_reshape(dout_td, Shape::new([t, 1, d])),
-        );
-        (dy_pd, Self::float_reshape(Self::float_sum_dim(prod, 2), Shape::new([t, k])))
+        generic::combine_rows_backward::<Self>(dout_td, y_pd, w_tk, row_tk, slot_p)
     }
 
     /// Softmax top-k gating: the `k` largest of `softmax(logits_te)` per token in descending order,
@@ -176,4 +151,54 @@ fn softmax_rows<B: Backend>(logits_te: FloatTensor<B>) -> FloatTensor<B> {
     let exp_te = B::float_exp(B::float_sub(logits_te, max_t1));
     let sum_t1 = B::float_sum_dim(exp_te.clone(), 1);
     B::float_div(exp_te, sum_t1)
+}
+
+/// The generic definitions on Burn's primitive ops, also the fallback of backends that override an op
+/// for some dtypes only.
+pub(crate) mod generic {
+    use burn::backend::Backend;
+    use burn::backend::TensorMetadata;
+    use burn::backend::tensor::{FloatTensor, IntTensor};
+    use burn::tensor::Shape;
+
+    pub(crate) fn permute_rows_backward<B: Backend>(dy_pd: FloatTensor<B>, row_tk: IntTensor<B>) -> FloatTensor<B> {
+        let (t, k, d) = (row_tk.shape()[0], row_tk.shape()[1], dy_pd.shape()[1]);
+        let rows = B::float_select(dy_pd, 0, B::int_reshape(row_tk, Shape::new([t * k])));
+        B::float_reshape(B::float_sum_dim(B::float_reshape(rows, Shape::new([t, k, d])), 1), Shape::new([t, d]))
+    }
+
+    pub(crate) fn combine_rows<B: Backend>(
+        y_pd: FloatTensor<B>,
+        w_tk: FloatTensor<B>,
+        row_tk: IntTensor<B>,
+        slot_p: IntTensor<B>,
+    ) -> FloatTensor<B> {
+        let _ = slot_p;
+        let (t, k, d) = (row_tk.shape()[0], row_tk.shape()[1], y_pd.shape()[1]);
+        let rows = B::float_select(y_pd, 0, B::int_reshape(row_tk, Shape::new([t * k])));
+        let weighted =
+            B::float_mul(B::float_reshape(rows, Shape::new([t, k, d])), B::float_reshape(w_tk, Shape::new([t, k, 1])));
+        B::float_reshape(B::float_sum_dim(weighted, 1), Shape::new([t, d]))
+    }
+
+    pub(crate) fn combine_rows_backward<B: Backend>(
+        dout_td: FloatTensor<B>,
+        y_pd: FloatTensor<B>,
+        w_tk: FloatTensor<B>,
+        row_tk: IntTensor<B>,
+        slot_p: IntTensor<B>,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        let (t, k, d) = (row_tk.shape()[0], row_tk.shape()[1], y_pd.shape()[1]);
+        let p = slot_p.shape()[0];
+        let token_p = B::int_div_scalar(slot_p.clone(), (k as i64).into());
+        let w_p = B::float_select(B::float_reshape(w_tk, Shape::new([t * k])), 0, slot_p);
+        let dy_pd =
+            B::float_mul(B::float_select(dout_td.clone(), 0, token_p), B::float_reshape(w_p, Shape::new([p, 1])));
+        let rows = B::float_select(y_pd, 0, B::int_reshape(row_tk, Shape::new([t * k])));
+        let prod = B::float_mul(
+            B::float_reshape(rows, Shape::new([t, k, d])),
+            B::float_reshape(dout_td, Shape::new([t, 1, d])),
+        );
+        (dy_pd, B::float_reshape(B::float_sum_dim(prod, 2), Shape::new([t, k])))
+    }
 }

@@ -76,7 +76,10 @@ fn routing(t: usize, k: usize, e: usize, seed: u64) -> Vec<usize> {
 }
 
 fn permute_combine_case(device: &Device, t: usize, k: usize, e: usize) {
-    let d = 19;
+    permute_combine_case_sized(device, t, k, e, 19);
+}
+
+fn permute_combine_case_sized(device: &Device, t: usize, k: usize, e: usize, d: usize) {
     let slots = routing(t, k, e, (t * 31 + k) as u64);
     let (x, probe_pd) = (random([t, d], 1.0, 4), random([t * k, d], 1.0, 5));
     let (y, w, probe_td) = (random([t * k, d], 1.0, 6), random([t, k], 1.0, 7), random([t, d], 1.0, 8));
@@ -199,6 +202,7 @@ fn every_op_matches_its_reference_on_the_cpu() {
 fn large_shapes_match_on_the_cpu() {
     let device = Device::flex().autodiff();
     swiglu_case(&device, 300, 129);
+    permute_combine_case_sized(&device, 300, 2, 8, 70);
     grouped_case_sized(&device, &[150, 0, 7, 310], 96, 256);
 }
 

@@ -2,8 +2,9 @@
 //! expert's rows and weights in place — transposes are strides, `dX = dG·Wgᵀ + dU·Wuᵀ` accumulates into
 //! one buffer, every output is written once into its final tensor (no slices, concatenations or
 //! zero-filled gradients) — and SwiGLU with its backward is one fused, multi-threaded pass over the rows
-//! instead of the ~4 (forward) and ~11 (backward) element-wise tensor ops of the generic definition.
-//! Other dtypes than f32 take the generic path of [`crate::backend`].
+//! instead of the ~4 (forward) and ~11 (backward) element-wise tensor ops of the generic definition;
+//! combine and the dispatch backward are one pass over rows each ([`rows`]). Other dtypes than f32
+//! (and index tensors other than i64/i32) take the generic path of [`crate::backend`].
 //!
 //! Legend: p = rows (sorted by expert), d = model width, f = expert width, e = experts.
 
@@ -12,18 +13,16 @@ use std::borrow::Cow;
 use burn::backend::Flex;
 use burn::backend::TensorMetadata;
 use burn::backend::ops::{ActivationOps, FloatTensorOps};
-use burn::backend::tensor::FloatTensor;
+use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Shape, TensorData};
 use burn_flex::FlexTensor;
-use rayon::prelude::*;
 
-use crate::backend::MoeBackend;
+mod experts;
+mod rows;
+
+use crate::backend::{MoeBackend, generic};
 use crate::grouped::{grouped_backward, grouped_forward};
-
-/// Rows per parallel chunk of the element-wise passes.
-const ROWS_PER_TASK: usize = 64;
-/// Below this many multiply-adds a GEMM runs on one thread (as Flex's own matmul decides).
-const PARALLEL_GEMM_OPS: usize = 192 * 192 * 192;
+use experts::{experts, gemm_rm, swiglu_backward_rows, swiglu_rows};
 
 impl MoeBackend for Flex {
     fn grouped_swiglu_forward(
@@ -126,6 +125,50 @@ impl MoeBackend for Flex {
         swiglu_backward_rows(&g, &u, &mut dg, &mut du, None, last_dim(&shape));
         (FlexTensor::from_data(TensorData::new(dg, shape.clone())), FlexTensor::from_data(TensorData::new(du, shape)))
     }
+
+    fn permute_rows_backward(dy_pd: FloatTensor<Self>, row_tk: IntTensor<Self>) -> FloatTensor<Self> {
+        let (t, k, d) = (row_tk.shape()[0], row_tk.shape()[1], dy_pd.shape()[1]);
+        let Some(rows) = (dy_pd.dtype() == DType::F32).then(|| indices(&row_tk)).flatten() else {
+            return generic::permute_rows_backward::<Self>(dy_pd, row_tk);
+        };
+        let mut dx = vec![0f32; t * d];
+        rows::permute_backward(&f32s(&dy_pd), &rows, k, d, &mut dx);
+        tensor(dx, [t, d])
+    }
+
+    fn combine_rows(
+        y_pd: FloatTensor<Self>,
+        w_tk: FloatTensor<Self>,
+        row_tk: IntTensor<Self>,
+        slot_p: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let (t, k, d) = (row_tk.shape()[0], row_tk.shape()[1], y_pd.shape()[1]);
+        let f32_data = y_pd.dtype() == DType::F32 && w_tk.dtype() == DType::F32;
+        let Some(rows) = f32_data.then(|| indices(&row_tk)).flatten() else {
+            return generic::combine_rows::<Self>(y_pd, w_tk, row_tk, slot_p);
+        };
+        let mut out = vec![0f32; t * d];
+        rows::combine(&f32s(&y_pd), &f32s(&w_tk), &rows, k, d, &mut out);
+        tensor(out, [t, d])
+    }
+
+    fn combine_rows_backward(
+        dout_td: FloatTensor<Self>,
+        y_pd: FloatTensor<Self>,
+        w_tk: FloatTensor<Self>,
+        row_tk: IntTensor<Self>,
+        slot_p: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (t, k, d, p) = (row_tk.shape()[0], row_tk.shape()[1], y_pd.shape()[1], slot_p.shape()[0]);
+        let f32_data = [&dout_td, &y_pd, &w_tk].iter().all(|x| x.dtype() == DType::F32);
+        let maps = f32_data.then(|| indices(&row_tk).zip(indices(&slot_p))).flatten();
+        let Some((rows, slots)) = maps else {
+            return generic::combine_rows_backward::<Self>(dout_td, y_pd, w_tk, row_tk, slot_p);
+        };
+        let (mut dy, mut dw) = (vec![0f32; p * d], vec![0f32; t * k]);
+        rows::combine_backward(&f32s(&dout_td), &f32s(&y_pd), &f32s(&w_tk), &rows, &slots, k, d, &mut dy, &mut dw);
+        (tensor(dy, [p, d]), tensor(dw, [t, k]))
+    }
 }
 
 /// The generic backward of [`MoeBackend::swiglu`] (Burn ops), for dtypes the fused pass does not cover.
@@ -145,19 +188,6 @@ fn last_dim(shape: &Shape) -> usize {
     }
 }
 
-/// `(expert, first row, rows)` of each expert that has rows.
-fn experts(counts_e: &[usize]) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-    counts_e
-        .iter()
-        .enumerate()
-        .scan(0usize, |r0, (e, &n)| {
-            let start = *r0;
-            *r0 += n;
-            Some((e, start, n))
-        })
-        .filter(|&(_, _, n)| n > 0)
-}
-
 /// The tensor's f32 elements in row-major order (borrowed when already contiguous).
 fn f32s(t: &FlexTensor) -> Cow<'_, [f32]> {
     match t.as_slice::<f32>() {
@@ -166,99 +196,16 @@ fn f32s(t: &FlexTensor) -> Cow<'_, [f32]> {
     }
 }
 
+/// An index tensor's values (i64 or i32, any layout) as `usize`; `None` for other dtypes or negative values.
+fn indices(t: &FlexTensor) -> Option<Vec<usize>> {
+    let t = if t.is_contiguous() { t.clone() } else { t.to_contiguous() };
+    match t.dtype() {
+        DType::I64 => t.as_slice::<i64>()?.iter().map(|&v| usize::try_from(v).ok()).collect(),
+        DType::I32 => t.as_slice::<i32>()?.iter().map(|&v| usize::try_from(v).ok()).collect(),
+        _ => None,
+    }
+}
+
 fn tensor<const N: usize>(data: Vec<f32>, shape: [usize; N]) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(data, shape))
-}
-
-/// `dst[m, n] (+)= lhs[m, k] · rhs[k, n]`, `dst` row-major; `lhs`/`rhs` given with their
-/// `(row stride, column stride)` so that a transpose is just swapped strides.
-#[allow(clippy::too_many_arguments)]
-fn gemm_rm(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: &mut [f32],
-    accumulate: bool,
-    lhs: &[f32],
-    (lhs_rs, lhs_cs): (usize, usize),
-    rhs: &[f32],
-    (rhs_rs, rhs_cs): (usize, usize),
-) {
-    assert!(dst.len() >= m * n, "gemm: destination too small");
-    assert!(m == 0 || k == 0 || lhs.len() > (m - 1) * lhs_rs + (k - 1) * lhs_cs, "gemm: lhs out of bounds");
-    assert!(k == 0 || n == 0 || rhs.len() > (k - 1) * rhs_rs + (n - 1) * rhs_cs, "gemm: rhs out of bounds");
-    let parallelism =
-        if m * n * k >= PARALLEL_GEMM_OPS { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
-    // SAFETY: the bounds of every element the strides reach were checked above; `dst` is exclusively
-    // borrowed and does not alias `lhs` or `rhs`.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            lhs.as_ptr(),
-            lhs_cs as isize,
-            lhs_rs as isize,
-            rhs.as_ptr(),
-            rhs_cs as isize,
-            rhs_rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
-}
-
-#[inline(always)]
-fn sigmoid(g: f32) -> f32 {
-    1.0 / (1.0 + (-g).exp())
-}
-
-/// `h = silu(g) ⊙ u`, in parallel chunks of rows of width `f`.
-fn swiglu_rows(g: &[f32], u: &[f32], h: &mut [f32], f: usize) {
-    let chunk = (ROWS_PER_TASK * f).max(1);
-    h.par_chunks_mut(chunk).zip(g.par_chunks(chunk)).zip(u.par_chunks(chunk)).for_each(|((h, g), u)| {
-        for ((h, &g), &u) in h.iter_mut().zip(g).zip(u) {
-            *h = g * sigmoid(g) * u;
-        }
-    });
-}
-
-/// From `dh` (overwritten with `dg`): `dg = dh ⊙ u ⊙ silu'(g)`, `du = dh ⊙ silu(g)` and, when asked,
-/// `h = silu(g) ⊙ u`, with `silu'(g) = σ(g) · (1 + g · (1 − σ(g)))`.
-fn swiglu_backward_rows(g: &[f32], u: &[f32], dh: &mut [f32], du: &mut [f32], h: Option<&mut [f32]>, f: usize) {
-    let chunk = (ROWS_PER_TASK * f).max(1);
-    let one = |g: f32, u: f32, dh: f32| {
-        let s = sigmoid(g);
-        let silu = g * s;
-        (dh * u * s * (1.0 + g * (1.0 - s)), dh * silu, silu * u)
-    };
-    match h {
-        Some(h) => dh
-            .par_chunks_mut(chunk)
-            .zip(du.par_chunks_mut(chunk))
-            .zip(h.par_chunks_mut(chunk))
-            .zip(g.par_chunks(chunk).zip(u.par_chunks(chunk)))
-            .for_each(|(((dh, du), h), (g, u))| {
-                for i in 0..dh.len() {
-                    (dh[i], du[i], h[i]) = one(g[i], u[i], dh[i]);
-                }
-            }),
-        None => dh
-            .par_chunks_mut(chunk)
-            .zip(du.par_chunks_mut(chunk))
-            .zip(g.par_chunks(chunk).zip(u.par_chunks(chunk)))
-            .for_each(|((dh, du), (g, u))| {
-                for i in 0..dh.len() {
-                    (dh[i], du[i], _) = one(g[i], u[i], dh[i]);
-                }
-            }),
-    }
 }
