@@ -30,14 +30,15 @@ enum Backend {
     Flex,
     Ndarray,
     Wgpu,
+    Rocm,
 }
 
-/// Train an MoE language model on one process.
 /// mimalloc keeps freed pages for reuse; glibc's malloc hands the large activation buffers back to the
 /// kernel and faults them in again every step (measured: ~15% of an MoE layer's time).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Train an MoE language model on one process.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -134,6 +135,8 @@ fn device(backend: Backend) -> Result<burn::tensor::Device, String> {
         Backend::Ndarray => Ok(burn::tensor::Device::ndarray()),
         #[cfg(feature = "wgpu")]
         Backend::Wgpu => Ok(burn::tensor::Device::wgpu(Default::default())),
+        #[cfg(feature = "rocm")]
+        Backend::Rocm => Ok(burn::tensor::Device::rocm(0usize)),
         #[allow(unreachable_patterns)]
         other => Err(format!(
             "--backend {other:?} is not compiled in: rebuild with `--features {}`",

@@ -14,7 +14,7 @@ use burn::tensor::IndexingUpdateOp;
 use crate::grouped::{grouped_backward, grouped_forward};
 
 /// The MoE operations a backend provides.
-#[backend_extension(Autodiff, Cube: cfg(feature = "wgpu"), Flex)]
+#[backend_extension(Autodiff, Cube: cfg(feature = "cube-runtime"), Flex)]
 pub trait MoeBackend: burn::backend::Backend {
     /// Grouped SwiGLU experts: `x_pd` `[p, d]` sorted by expert, `w_gate_edf`/`w_up_edf` `[e, d, f]`,
     /// `w_down_efd` `[e, f, d]`, `counts_e[i]` rows for expert i → `[p, d]`.

@@ -240,3 +240,10 @@ fn every_kernel_matches_its_reference_on_wgpu() {
     let device = Device::wgpu(Default::default()).autodiff();
     all_cases(&device);
 }
+
+/// The same on the first AMD GPU (ROCm builds only; not run on this box, which has neither).
+#[cfg(feature = "rocm")]
+#[test]
+fn every_kernel_matches_its_reference_on_rocm() {
+    all_cases(&Device::rocm(0usize).autodiff());
+}

@@ -2,5 +2,5 @@
 
 pub mod grouped_gemm;
 pub mod kernels;
-#[cfg(feature = "wgpu")]
+#[cfg(feature = "cube-runtime")]
 mod launch;
