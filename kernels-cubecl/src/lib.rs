@@ -70,12 +70,26 @@ impl RowMap {
 }
 
 /// `silu(gate) ⊙ up`.
+///
+/// # Panics
+/// If the shapes differ.
 pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
+    assert_eq!(gate.dims(), up.dims(), "swiglu: gate and up must have the same shape");
     Tensor::from_dispatch(Dispatch::swiglu(gate.into_dispatch(), up.into_dispatch()))
 }
 
 /// Dispatch permute: `out_pd[i] = x_td[map.token_p[i]]`.
+///
+/// # Panics
+/// If `x_td` does not have the map's `t` rows.
 pub fn permute_rows(x_td: Tensor<2>, map: &RowMap) -> Tensor<2> {
+    let [t, k] = map.row_tk.dims();
+    assert_eq!(
+        x_td.dims()[0],
+        t,
+        "permute_rows: x_td has {} rows, the row map {t} tokens (× {k} slots)",
+        x_td.dims()[0]
+    );
     Tensor::from_dispatch(Dispatch::permute_rows(
         x_td.into_dispatch(),
         map.token_p.clone().into_dispatch(),
@@ -84,7 +98,13 @@ pub fn permute_rows(x_td: Tensor<2>, map: &RowMap) -> Tensor<2> {
 }
 
 /// Combine: `out_td[t] = Σ_j w_tk[t, j] · y_pd[map.row_tk[t, j]]`.
+///
+/// # Panics
+/// If `y_pd` does not have the map's `t · k` rows or `w_tk` is not `[t, k]`.
 pub fn combine_rows(y_pd: Tensor<2>, w_tk: Tensor<2>, map: &RowMap) -> Tensor<2> {
+    let [t, k] = map.row_tk.dims();
+    assert_eq!(y_pd.dims()[0], t * k, "combine_rows: y_pd has {} rows, the row map {t} × {k}", y_pd.dims()[0]);
+    assert_eq!(w_tk.dims(), [t, k], "combine_rows: w_tk must be [tokens, k] = [{t}, {k}]");
     Tensor::from_dispatch(Dispatch::combine_rows(
         y_pd.into_dispatch(),
         w_tk.into_dispatch(),
@@ -95,12 +115,20 @@ pub fn combine_rows(y_pd: Tensor<2>, w_tk: Tensor<2>, map: &RowMap) -> Tensor<2>
 
 /// Softmax top-k gating: `(w_tk, idx_tk)`, the k largest softmax probabilities per token in
 /// descending order, divided by their sum when `renormalize`.
+///
+/// # Panics
+/// Unless `1 ≤ k ≤ e`.
 pub fn topk_softmax(logits_te: Tensor<2>, k: usize, renormalize: bool) -> (Tensor<2>, Tensor<2, Int>) {
+    let e = logits_te.dims()[1];
+    assert!((1..=e).contains(&k), "topk_softmax: k = {k} must be in 1..={e} (the number of experts)");
     let (w, idx) = Dispatch::topk_softmax(logits_te.into_dispatch(), k, renormalize);
     (Tensor::from_dispatch(w), Tensor::from_dispatch(idx))
 }
 
 /// Grouped SwiGLU experts over rows sorted by expert (`counts_e[i]` rows for expert i).
+///
+/// # Panics
+/// If `counts_e` does not cover the rows of `x_pd` or the weight shapes do not match.
 pub fn grouped_swiglu(
     x_pd: Tensor<2>,
     w_gate_edf: Tensor<3>,
@@ -108,6 +136,16 @@ pub fn grouped_swiglu(
     w_down_efd: Tensor<3>,
     counts_e: &[usize],
 ) -> Tensor<2> {
+    let ([p, d], [e, _, f]) = (x_pd.dims(), w_gate_edf.dims());
+    assert_eq!(counts_e.len(), e, "grouped_swiglu: counts_e has {} entries for {e} experts", counts_e.len());
+    assert_eq!(counts_e.iter().sum::<usize>(), p, "grouped_swiglu: counts_e must sum to the {p} rows of x_pd");
+    assert!(
+        w_gate_edf.dims() == [e, d, f] && w_up_edf.dims() == [e, d, f] && w_down_efd.dims() == [e, f, d],
+        "grouped_swiglu: for x_pd [p, {d}] the weights must be [e, {d}, f], [e, {d}, f], [e, f, {d}]; got {:?}, {:?}, {:?}",
+        w_gate_edf.dims(),
+        w_up_edf.dims(),
+        w_down_efd.dims()
+    );
     Tensor::from_dispatch(Dispatch::grouped_swiglu(
         x_pd.into_dispatch(),
         w_gate_edf.into_dispatch(),

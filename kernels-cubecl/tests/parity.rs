@@ -247,3 +247,21 @@ fn every_kernel_matches_its_reference_on_wgpu() {
 fn every_kernel_matches_its_reference_on_rocm() {
     all_cases(&Device::rocm(0usize).autodiff());
 }
+
+/// Inconsistent inputs stop before any kernel runs (a GPU kernel would read out of bounds), naming the field.
+#[test]
+#[should_panic(expected = "counts_e must sum to the 7 rows of x_pd")]
+fn grouped_swiglu_refuses_counts_that_do_not_cover_the_rows() {
+    let device = Device::flex();
+    let x = Tensor::<2>::zeros([7, 4], &device);
+    let w = |a, b| Tensor::<3>::zeros([3, a, b], &device);
+    grouped_swiglu(x, w(4, 6), w(4, 6), w(6, 4), &[4, 0, 2]);
+}
+
+#[test]
+#[should_panic(expected = "combine_rows: w_tk must be [tokens, k] = [2, 2]")]
+fn combine_rows_refuses_weights_of_the_wrong_shape() {
+    let device = Device::flex();
+    let map = RowMap::from_slots(&[1, 2, 3, 0], 2, 2, &device).unwrap();
+    combine_rows(Tensor::<2>::zeros([4, 3], &device), Tensor::<2>::zeros([2, 1], &device), &map);
+}
