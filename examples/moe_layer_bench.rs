@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use piper::modules::moe::MoeBlockConfig;
 use piper::modules::router::RouterConfig;
 
@@ -34,6 +34,32 @@ struct Args {
     iters: usize,
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Device: the CPU (Flex) or a GPU through wgpu (build with `--features wgpu`; a software
+    /// Vulkan such as lavapipe runs it, but its numbers mean nothing).
+    #[arg(long, value_enum, default_value_t = Backend::Flex)]
+    backend: Backend,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Backend {
+    Flex,
+    Wgpu,
+}
+
+fn plain_device(backend: Backend) -> Result<Device, String> {
+    match backend {
+        Backend::Flex => Ok(Device::flex()),
+        #[cfg(feature = "wgpu")]
+        Backend::Wgpu => Ok(Device::wgpu(Default::default())),
+        #[allow(unreachable_patterns)]
+        other => Err(format!("--backend {other:?} is not compiled in: rebuild with `--features wgpu`")),
+    }
+}
+
+/// Reads one element back, so the time covers the queued work on asynchronous devices (wgpu), whose
+/// `into_data` returns before the data is there.
+fn wait(t: Tensor<2>) {
+    let _ = t.slice([0..1, 0..1]).into_data().try_to_vec::<f32>();
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -47,13 +73,16 @@ fn main() {
         eprintln!("error: need tokens, hidden, ffn, iters ≥ 1 and 1 ≤ top-k ≤ experts");
         std::process::exit(2);
     }
-    let device = Device::flex().autodiff();
+    let plain = plain_device(a.backend).unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    });
+    let device = plain.clone().autodiff();
     device.seed(0);
     let block = MoeBlockConfig::new(RouterConfig::new(a.hidden, a.experts, a.top_k), a.ffn).init(&device);
     let x = Tensor::<3>::random([1, a.tokens, a.hidden], Distribution::Normal(0.0, 1.0), &device).require_grad();
     // Dense reference: [t·k, h] × [h, f] on the plain (non-autodiff) device, timed between the MoE
     // iterations so both see the same machine state (clock, other load).
-    let plain = Device::flex();
     let lhs = Tensor::<2>::random([a.tokens * a.top_k, a.hidden], Distribution::Default, &plain);
     let rhs = Tensor::<2>::random([a.hidden, a.ffn], Distribution::Default, &plain);
     let (mut times, mut dense) = (Vec::new(), Vec::new());
@@ -61,10 +90,10 @@ fn main() {
         let t = Instant::now();
         let (y, stats) = block.forward(x.clone());
         let grads = (y.sum() + stats.aux_loss * 0.01).backward();
-        let _ = x.grad(&grads).expect("input gradient").into_data();
+        wait(x.grad(&grads).expect("input gradient").reshape([a.tokens, a.hidden]));
         let moe = t.elapsed().as_secs_f64();
         let t0 = Instant::now();
-        let _ = lhs.clone().matmul(rhs.clone()).into_data();
+        wait(lhs.clone().matmul(rhs.clone()));
         if it >= 2 {
             times.push(moe);
             dense.push(t0.elapsed().as_secs_f64());
@@ -78,7 +107,7 @@ fn main() {
     let gflops = flops / moe_s / 1e9;
     let doc = serde_json::json!({
         "tokens": a.tokens, "hidden": a.hidden, "ffn": a.ffn, "experts": a.experts, "top_k": a.top_k,
-        "backend": "flex", "median_s": moe_s, "gflops": gflops, "dense_gemm_gflops": dense_gflops,
+        "backend": format!("{:?}", a.backend).to_lowercase(), "median_s": moe_s, "gflops": gflops, "dense_gemm_gflops": dense_gflops,
         "ratio_to_dense": gflops / dense_gflops, "flops_per_iteration": flops,
     });
     println!("{}", serde_json::to_string_pretty(&doc).expect("json"));
