@@ -132,6 +132,7 @@ fn device(backend: Backend) -> Result<burn::tensor::Device, String> {
     match backend {
         Backend::Flex => Ok(burn::tensor::Device::flex()),
         #[cfg(feature = "ndarray")]
+        #[allow(deprecated)]
         Backend::Ndarray => Ok(burn::tensor::Device::ndarray()),
         #[cfg(feature = "wgpu")]
         Backend::Wgpu => Ok(burn::tensor::Device::wgpu(Default::default())),

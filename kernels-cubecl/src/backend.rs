@@ -1,11 +1,15 @@
 //! The MoE operations as a Burn backend extension. Each default body is the plain definition on
-//! Burn's primitive ops — what Flex (CPU) runs; the Cube backend (wgpu, and ROCm/CUDA where built)
-//! overrides them with the CubeCL kernels in [`crate::cube`]; `Autodiff` adds the hand-written
-//! backward passes ([`crate::autodiff`]).
+//! Burn's primitive ops — what NdArray runs, and Flex for dtypes its fused host code
+//! ([`crate::flex`]) does not cover; the Cube backend (wgpu, and ROCm where built) overrides them
+//! with the CubeCL kernels in [`crate::cube`]; `Autodiff` adds the hand-written backward passes
+//! ([`crate::autodiff`]).
 //!
 //! Legend: t = tokens, k = experts per token, p = permuted rows (t · k), d = row width, e = experts,
 //! f = expert width. `row_tk[t, j]` is the permuted row holding (token t, slot j); `slot_p[i]` is the
 //! flat `t · k + j` slot of permuted row i — the two are inverse permutations.
+
+// NdArray is deprecated in Burn 0.22 but still a `--backend` choice of the examples.
+#![cfg_attr(feature = "ndarray", allow(deprecated))]
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Backend, TensorMetadata, backend_extension, get_or_init_device_settings};
@@ -14,7 +18,7 @@ use burn::tensor::IndexingUpdateOp;
 use crate::grouped::{grouped_backward, grouped_forward};
 
 /// The MoE operations a backend provides.
-#[backend_extension(Autodiff, Cube: cfg(feature = "cube-runtime"), Flex)]
+#[backend_extension(Autodiff, Cube: cfg(feature = "cube-runtime"), Flex, NdArray: cfg(feature = "ndarray"))]
 pub trait MoeBackend: burn::backend::Backend {
     /// Grouped SwiGLU experts: `x_pd` `[p, d]` sorted by expert, `w_gate_edf`/`w_up_edf` `[e, d, f]`,
     /// `w_down_efd` `[e, f, d]`, `counts_e[i]` rows for expert i → `[p, d]`.
@@ -144,6 +148,10 @@ pub trait MoeBackend: burn::backend::Backend {
         Self::float_mul(probs_te, Self::float_sub(g_te, gp_t1))
     }
 }
+
+/// NdArray (Burn's deprecated CPU backend, `--backend ndarray`) runs the generic definitions above.
+#[cfg(feature = "ndarray")]
+impl MoeBackend for burn::backend::NdArray {}
 
 /// Row-wise softmax of `[t, e]`, max-subtracted.
 fn softmax_rows<B: Backend>(logits_te: FloatTensor<B>) -> FloatTensor<B> {

@@ -241,6 +241,14 @@ fn every_kernel_matches_its_reference_on_wgpu() {
     all_cases(&device);
 }
 
+/// The generic definitions on Burn's NdArray backend (`--backend ndarray`).
+#[cfg(feature = "ndarray")]
+#[test]
+#[allow(deprecated)]
+fn every_op_matches_its_reference_on_ndarray() {
+    all_cases(&Device::ndarray().autodiff());
+}
+
 /// The same on the first AMD GPU (ROCm builds only; not run on this box, which has neither).
 #[cfg(feature = "rocm")]
 #[test]
