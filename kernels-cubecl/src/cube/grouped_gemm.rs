@@ -40,64 +40,19 @@ pub fn grouped_matmul_kernel<F: Float, I: Numeric>(
     let row0 = usize::cast_from(tile_r[block * 3 + 1]);
     let row_end = usize::cast_from(tile_r[block * 3 + 2]);
     let col0 = usize::cast_from(CUBE_POS_X) * BLOCK;
-    let tx = usize::cast_from(UNIT_POS_X);
-    let ty = usize::cast_from(UNIT_POS_Y);
+    let (tx, ty) = (usize::cast_from(UNIT_POS_X), usize::cast_from(UNIT_POS_Y));
     let unit = ty * UNITS + tx;
     let w_base = expert * q * n;
     // xs: [BLOCK rows, CHUNK]; ws: [CHUNK, BLOCK columns].
     let mut xs = Shared::<[F]>::new_slice(BLOCK * CHUNK);
     let mut ws = Shared::<[F]>::new_slice(CHUNK * BLOCK);
-    let mut acc = Array::<F>::new(MICRO * MICRO);
-    #[unroll]
-    for i in 0..MICRO * MICRO {
-        acc[i] = F::new(0.0);
-    }
-    let steps = q.div_ceil(CHUNK);
-    for step in 0..steps {
+    let mut acc = zeroed::<F>();
+    for step in 0..q.div_ceil(CHUNK) {
         let k0 = step * CHUNK;
-        #[unroll]
-        for l in 0..LOADS {
-            let idx = unit + l * UNITS * UNITS;
-            let (r, c) = (idx / CHUNK, idx % CHUNK);
-            let mut v = F::new(0.0);
-            if row0 + r < row_end && k0 + c < q {
-                v = x_pq[(row0 + r) * q + k0 + c];
-            }
-            xs[idx] = v;
-            let mut wv = F::new(0.0);
-            if transpose_w {
-                // w is [n, q] per expert: walk the reduction index fastest, as memory is laid out.
-                let (col, kk) = (idx / CHUNK, idx % CHUNK);
-                if k0 + kk < q && col0 + col < n {
-                    wv = w[w_base + (col0 + col) * q + k0 + kk];
-                }
-                ws[kk * BLOCK + col] = wv;
-            } else {
-                let (kk, col) = (idx / BLOCK, idx % BLOCK);
-                if k0 + kk < q && col0 + col < n {
-                    wv = w[w_base + (k0 + kk) * n + col0 + col];
-                }
-                ws[idx] = wv;
-            }
-        }
+        stage_rows(x_pq, &mut xs, unit, row0, row_end, k0, q);
+        stage_weights(w, &mut ws, unit, w_base, k0, q, col0, n, transpose_w);
         sync_cube();
-        #[unroll]
-        for kk in 0..CHUNK {
-            let mut a = Array::<F>::new(MICRO);
-            let mut b = Array::<F>::new(MICRO);
-            #[unroll]
-            for i in 0..MICRO {
-                a[i] = xs[(ty + UNITS * i) * CHUNK + kk];
-                b[i] = ws[kk * BLOCK + tx + UNITS * i];
-            }
-            #[unroll]
-            for i in 0..MICRO {
-                #[unroll]
-                for j in 0..MICRO {
-                    acc[i * MICRO + j] += a[i] * b[j];
-                }
-            }
-        }
+        accumulate_chunk(&xs, &ws, &mut acc, ty, tx, false);
         sync_cube();
     }
     #[unroll]
@@ -134,64 +89,22 @@ pub fn grouped_gate_up_kernel<F: Float, I: Numeric>(
     let row0 = usize::cast_from(tile_r[block * 3 + 1]);
     let row_end = usize::cast_from(tile_r[block * 3 + 2]);
     let col0 = usize::cast_from(CUBE_POS_X) * BLOCK;
-    let tx = usize::cast_from(UNIT_POS_X);
-    let ty = usize::cast_from(UNIT_POS_Y);
+    let (tx, ty) = (usize::cast_from(UNIT_POS_X), usize::cast_from(UNIT_POS_Y));
     let unit = ty * UNITS + tx;
     let w_base = expert * q * n;
     let mut xs = Shared::<[F]>::new_slice(BLOCK * CHUNK);
     let mut gs = Shared::<[F]>::new_slice(CHUNK * BLOCK);
     let mut us = Shared::<[F]>::new_slice(CHUNK * BLOCK);
-    let mut acc_g = Array::<F>::new(MICRO * MICRO);
-    let mut acc_u = Array::<F>::new(MICRO * MICRO);
-    #[unroll]
-    for i in 0..MICRO * MICRO {
-        acc_g[i] = F::new(0.0);
-        acc_u[i] = F::new(0.0);
-    }
-    let steps = q.div_ceil(CHUNK);
-    for step in 0..steps {
+    let mut acc_g = zeroed::<F>();
+    let mut acc_u = zeroed::<F>();
+    for step in 0..q.div_ceil(CHUNK) {
         let k0 = step * CHUNK;
-        #[unroll]
-        for l in 0..LOADS {
-            let idx = unit + l * UNITS * UNITS;
-            let (r, c) = (idx / CHUNK, idx % CHUNK);
-            let mut v = F::new(0.0);
-            if row0 + r < row_end && k0 + c < q {
-                v = x_pq[(row0 + r) * q + k0 + c];
-            }
-            xs[idx] = v;
-            let (kk, col) = (idx / BLOCK, idx % BLOCK);
-            let mut gv = F::new(0.0);
-            let mut uv = F::new(0.0);
-            if k0 + kk < q && col0 + col < n {
-                let at = w_base + (k0 + kk) * n + col0 + col;
-                gv = w_gate[at];
-                uv = w_up[at];
-            }
-            gs[idx] = gv;
-            us[idx] = uv;
-        }
+        stage_rows(x_pq, &mut xs, unit, row0, row_end, k0, q);
+        stage_weights(w_gate, &mut gs, unit, w_base, k0, q, col0, n, false);
+        stage_weights(w_up, &mut us, unit, w_base, k0, q, col0, n, false);
         sync_cube();
-        #[unroll]
-        for kk in 0..CHUNK {
-            let mut a = Array::<F>::new(MICRO);
-            let mut bg = Array::<F>::new(MICRO);
-            let mut bu = Array::<F>::new(MICRO);
-            #[unroll]
-            for i in 0..MICRO {
-                a[i] = xs[(ty + UNITS * i) * CHUNK + kk];
-                bg[i] = gs[kk * BLOCK + tx + UNITS * i];
-                bu[i] = us[kk * BLOCK + tx + UNITS * i];
-            }
-            #[unroll]
-            for i in 0..MICRO {
-                #[unroll]
-                for j in 0..MICRO {
-                    acc_g[i * MICRO + j] += a[i] * bg[j];
-                    acc_u[i * MICRO + j] += a[i] * bu[j];
-                }
-            }
-        }
+        accumulate_chunk(&xs, &gs, &mut acc_g, ty, tx, false);
+        accumulate_chunk(&xs, &us, &mut acc_u, ty, tx, false);
         sync_cube();
     }
     #[unroll]
@@ -229,55 +142,18 @@ pub fn grouped_weight_grad_kernel<F: Float, I: Numeric>(
     let n0 = usize::cast_from(CUBE_POS_X) * BLOCK;
     let start = usize::cast_from(offset_e[expert]);
     let end = usize::cast_from(offset_e[expert + 1]);
-    let tx = usize::cast_from(UNIT_POS_X);
-    let ty = usize::cast_from(UNIT_POS_Y);
+    let (tx, ty) = (usize::cast_from(UNIT_POS_X), usize::cast_from(UNIT_POS_Y));
     let unit = ty * UNITS + tx;
     // as_: [CHUNK rows, BLOCK of q]; bs: [CHUNK rows, BLOCK of n].
     let mut as_ = Shared::<[F]>::new_slice(CHUNK * BLOCK);
     let mut bs = Shared::<[F]>::new_slice(CHUNK * BLOCK);
-    let mut acc = Array::<F>::new(MICRO * MICRO);
-    #[unroll]
-    for i in 0..MICRO * MICRO {
-        acc[i] = F::new(0.0);
-    }
-    let steps = (end - start).div_ceil(CHUNK);
-    for step in 0..steps {
+    let mut acc = zeroed::<F>();
+    for step in 0..(end - start).div_ceil(CHUNK) {
         let r0 = start + step * CHUNK;
-        #[unroll]
-        for l in 0..LOADS {
-            let idx = unit + l * UNITS * UNITS;
-            let (r, c) = (idx / BLOCK, idx % BLOCK);
-            let mut av = F::new(0.0);
-            let mut bv = F::new(0.0);
-            if r0 + r < end {
-                if q0 + c < q {
-                    av = a_pq[(r0 + r) * q + q0 + c];
-                }
-                if n0 + c < n {
-                    bv = b_pn[(r0 + r) * n + n0 + c];
-                }
-            }
-            as_[idx] = av;
-            bs[idx] = bv;
-        }
+        stage_columns(a_pq, &mut as_, unit, r0, end, q0, q);
+        stage_columns(b_pn, &mut bs, unit, r0, end, n0, n);
         sync_cube();
-        #[unroll]
-        for kk in 0..CHUNK {
-            let mut a = Array::<F>::new(MICRO);
-            let mut b = Array::<F>::new(MICRO);
-            #[unroll]
-            for i in 0..MICRO {
-                a[i] = as_[kk * BLOCK + ty + UNITS * i];
-                b[i] = bs[kk * BLOCK + tx + UNITS * i];
-            }
-            #[unroll]
-            for i in 0..MICRO {
-                #[unroll]
-                for j in 0..MICRO {
-                    acc[i * MICRO + j] += a[i] * b[j];
-                }
-            }
-        }
+        accumulate_chunk(&as_, &bs, &mut acc, ty, tx, true);
         sync_cube();
     }
     #[unroll]
@@ -288,6 +164,135 @@ pub fn grouped_weight_grad_kernel<F: Float, I: Numeric>(
             let col = n0 + tx + UNITS * j;
             if row < q && col < n {
                 dw_eqn[expert * q * n + row * n + col] = acc[i * MICRO + j];
+            }
+        }
+    }
+}
+
+/// A unit's micro-tile accumulators, zeroed.
+#[cube]
+fn zeroed<F: Float>() -> Array<F> {
+    let mut acc = Array::<F>::new(MICRO * MICRO);
+    #[unroll]
+    for i in 0..MICRO * MICRO {
+        acc[i] = F::new(0.0);
+    }
+    acc
+}
+
+/// Stages `x[row0 + r, k0 + c]` as `xs[r · CHUNK + c]` (`[BLOCK, CHUNK]`), zero past `row_end` or `q`.
+#[cube]
+fn stage_rows<F: Float>(
+    x_pq: &Tensor<F>,
+    xs: &mut Shared<[F]>,
+    unit: usize,
+    row0: usize,
+    row_end: usize,
+    k0: usize,
+    q: usize,
+) {
+    #[unroll]
+    for l in 0..LOADS {
+        let idx = unit + l * UNITS * UNITS;
+        let (r, c) = (idx / CHUNK, idx % CHUNK);
+        let mut v = F::new(0.0);
+        if row0 + r < row_end && k0 + c < q {
+            v = x_pq[(row0 + r) * q + k0 + c];
+        }
+        xs[idx] = v;
+    }
+}
+
+/// Stages the expert's weights `w[k0 + kk, col0 + col]` as `ws[kk · BLOCK + col]` (`[CHUNK, BLOCK]`),
+/// zero past `q` or `n`; `w` is `[q, n]` per expert, or `[n, q]` when `transpose_w` (then the reduction
+/// index runs fastest, as memory is laid out).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage_weights<F: Float>(
+    w: &Tensor<F>,
+    ws: &mut Shared<[F]>,
+    unit: usize,
+    w_base: usize,
+    k0: usize,
+    q: usize,
+    col0: usize,
+    n: usize,
+    #[comptime] transpose_w: bool,
+) {
+    #[unroll]
+    for l in 0..LOADS {
+        let idx = unit + l * UNITS * UNITS;
+        let mut v = F::new(0.0);
+        if transpose_w {
+            let (col, kk) = (idx / CHUNK, idx % CHUNK);
+            if k0 + kk < q && col0 + col < n {
+                v = w[w_base + (col0 + col) * q + k0 + kk];
+            }
+            ws[kk * BLOCK + col] = v;
+        } else {
+            let (kk, col) = (idx / BLOCK, idx % BLOCK);
+            if k0 + kk < q && col0 + col < n {
+                v = w[w_base + (k0 + kk) * n + col0 + col];
+            }
+            ws[idx] = v;
+        }
+    }
+}
+
+/// Stages `a[r0 + r, c0 + c]` as `s[r · BLOCK + c]` (`[CHUNK rows, BLOCK columns]`), zero past `end`
+/// or `cols`.
+#[cube]
+fn stage_columns<F: Float>(
+    a: &Tensor<F>,
+    s: &mut Shared<[F]>,
+    unit: usize,
+    r0: usize,
+    end: usize,
+    c0: usize,
+    cols: usize,
+) {
+    #[unroll]
+    for l in 0..LOADS {
+        let idx = unit + l * UNITS * UNITS;
+        let (r, c) = (idx / BLOCK, idx % BLOCK);
+        let mut v = F::new(0.0);
+        if r0 + r < end && c0 + c < cols {
+            v = a[(r0 + r) * cols + c0 + c];
+        }
+        s[idx] = v;
+    }
+}
+
+/// One staged chunk into the unit's micro-tile: `acc[i, j] += Σ_kk a(ty + UNITS·i, kk) ·
+/// b_s[kk · BLOCK + tx + UNITS·j]`, with `a_s` laid out `[BLOCK, CHUNK]`, or `[CHUNK, BLOCK]` when
+/// `a_by_chunk`.
+#[cube]
+fn accumulate_chunk<F: Float>(
+    a_s: &Shared<[F]>,
+    b_s: &Shared<[F]>,
+    acc: &mut Array<F>,
+    ty: usize,
+    tx: usize,
+    #[comptime] a_by_chunk: bool,
+) {
+    #[unroll]
+    for kk in 0..CHUNK {
+        let mut a = Array::<F>::new(MICRO);
+        let mut b = Array::<F>::new(MICRO);
+        #[unroll]
+        for i in 0..MICRO {
+            if a_by_chunk {
+                a[i] = a_s[kk * BLOCK + ty + UNITS * i];
+            } else {
+                a[i] = a_s[(ty + UNITS * i) * CHUNK + kk];
+            }
+            b[i] = b_s[kk * BLOCK + tx + UNITS * i];
+        }
+        #[unroll]
+        for i in 0..MICRO {
+            #[unroll]
+            for j in 0..MICRO {
+                acc[i * MICRO + j] += a[i] * b[j];
             }
         }
     }
