@@ -154,14 +154,8 @@ pub fn topk_softmax_kernel<F: Float, I: Int>(
         terminate!();
     }
     let base = ABSOLUTE_POS * e;
-    let mut max = logits_te[base];
-    for x in 1..e {
-        max = F::max(max, logits_te[base + x]);
-    }
-    let mut sum = F::new(0.0);
-    for x in 0..e {
-        sum += F::exp(logits_te[base + x] - max);
-    }
+    let max = row_max(logits_te, base, e);
+    let sum = exp_sum(logits_te, base, e, max);
     let mut prev_v = max;
     let mut prev_i = 0usize;
     let mut picked = F::new(0.0);
@@ -212,14 +206,8 @@ pub fn topk_softmax_backward_kernel<F: Float, I: Int>(
         terminate!();
     }
     let base = ABSOLUTE_POS * e;
-    let mut max = logits_te[base];
-    for x in 1..e {
-        max = F::max(max, logits_te[base + x]);
-    }
-    let mut sum = F::new(0.0);
-    for x in 0..e {
-        sum += F::exp(logits_te[base + x] - max);
-    }
+    let max = row_max(logits_te, base, e);
+    let sum = exp_sum(logits_te, base, e, max);
     // Σ_m dw_m w_m and the picked mass S (for the renormalised case).
     let mut dot = F::new(0.0);
     let mut mass = F::new(0.0);
@@ -256,4 +244,24 @@ pub fn topk_softmax_backward_kernel<F: Float, I: Int>(
         }
         dlogits_te[base + x] = p * (g - gp);
     }
+}
+
+/// The largest of `row[base..base + e]`.
+#[cube]
+fn row_max<F: Float>(row: &Tensor<F>, base: usize, e: usize) -> F {
+    let mut max = row[base];
+    for x in 1..e {
+        max = F::max(max, row[base + x]);
+    }
+    max
+}
+
+/// `Σ_x exp(row[base + x] − max)`, the softmax denominator.
+#[cube]
+fn exp_sum<F: Float>(row: &Tensor<F>, base: usize, e: usize, max: F) -> F {
+    let mut sum = F::new(0.0);
+    for x in 0..e {
+        sum += F::exp(row[base + x] - max);
+    }
+    sum
 }
