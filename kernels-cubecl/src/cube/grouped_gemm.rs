@@ -49,7 +49,7 @@ pub fn grouped_matmul_kernel<F: Float, I: Numeric>(
     let mut acc = zeroed::<F>();
     for step in 0..q.div_ceil(CHUNK) {
         let k0 = step * CHUNK;
-        stage_rows(x_pq, &mut xs, unit, row0, row_end, k0, q);
+        stage_tile(x_pq, &mut xs, unit, 0, row0, row_end, k0, q, CHUNK);
         stage_weights(w, &mut ws, unit, w_base, k0, q, col0, n, transpose_w);
         sync_cube();
         accumulate_chunk(&xs, &ws, &mut acc, ty, tx, false);
@@ -99,7 +99,7 @@ pub fn grouped_gate_up_kernel<F: Float, I: Numeric>(
     let mut acc_u = zeroed::<F>();
     for step in 0..q.div_ceil(CHUNK) {
         let k0 = step * CHUNK;
-        stage_rows(x_pq, &mut xs, unit, row0, row_end, k0, q);
+        stage_tile(x_pq, &mut xs, unit, 0, row0, row_end, k0, q, CHUNK);
         stage_weights(w_gate, &mut gs, unit, w_base, k0, q, col0, n, false);
         stage_weights(w_up, &mut us, unit, w_base, k0, q, col0, n, false);
         sync_cube();
@@ -150,8 +150,8 @@ pub fn grouped_weight_grad_kernel<F: Float, I: Numeric>(
     let mut acc = zeroed::<F>();
     for step in 0..(end - start).div_ceil(CHUNK) {
         let r0 = start + step * CHUNK;
-        stage_columns(a_pq, &mut as_, unit, r0, end, q0, q);
-        stage_columns(b_pn, &mut bs, unit, r0, end, n0, n);
+        stage_tile(a_pq, &mut as_, unit, 0, r0, end, q0, q, BLOCK);
+        stage_tile(b_pn, &mut bs, unit, 0, r0, end, n0, n, BLOCK);
         sync_cube();
         accumulate_chunk(&as_, &bs, &mut acc, ty, tx, true);
         sync_cube();
@@ -180,26 +180,30 @@ fn zeroed<F: Float>() -> Array<F> {
     acc
 }
 
-/// Stages `x[row0 + r, k0 + c]` as `xs[r · CHUNK + c]` (`[BLOCK, CHUNK]`), zero past `row_end` or `q`.
+/// Stages the tile `a[base + (r0 + r) · cols + c0 + c]` of a row-major matrix as `s[r · width + c]`
+/// (`[LOADS · UNITS² / width, width]`), zero past row `r_end` or column `cols`.
 #[cube]
-fn stage_rows<F: Float>(
-    x_pq: &Tensor<F>,
-    xs: &mut Shared<[F]>,
+#[allow(clippy::too_many_arguments)]
+fn stage_tile<F: Float>(
+    a: &Tensor<F>,
+    s: &mut Shared<[F]>,
     unit: usize,
-    row0: usize,
-    row_end: usize,
-    k0: usize,
-    q: usize,
+    base: usize,
+    r0: usize,
+    r_end: usize,
+    c0: usize,
+    cols: usize,
+    #[comptime] width: usize,
 ) {
     #[unroll]
     for l in 0..LOADS {
         let idx = unit + l * UNITS * UNITS;
-        let (r, c) = (idx / CHUNK, idx % CHUNK);
+        let (r, c) = (idx / width, idx % width);
         let mut v = F::new(0.0);
-        if row0 + r < row_end && k0 + c < q {
-            v = x_pq[(row0 + r) * q + k0 + c];
+        if r0 + r < r_end && c0 + c < cols {
+            v = a[base + (r0 + r) * cols + c0 + c];
         }
-        xs[idx] = v;
+        s[idx] = v;
     }
 }
 
@@ -219,47 +223,19 @@ fn stage_weights<F: Float>(
     n: usize,
     #[comptime] transpose_w: bool,
 ) {
-    #[unroll]
-    for l in 0..LOADS {
-        let idx = unit + l * UNITS * UNITS;
-        let mut v = F::new(0.0);
-        if transpose_w {
+    if transpose_w {
+        #[unroll]
+        for l in 0..LOADS {
+            let idx = unit + l * UNITS * UNITS;
             let (col, kk) = (idx / CHUNK, idx % CHUNK);
+            let mut v = F::new(0.0);
             if k0 + kk < q && col0 + col < n {
                 v = w[w_base + (col0 + col) * q + k0 + kk];
             }
             ws[kk * BLOCK + col] = v;
-        } else {
-            let (kk, col) = (idx / BLOCK, idx % BLOCK);
-            if k0 + kk < q && col0 + col < n {
-                v = w[w_base + (k0 + kk) * n + col0 + col];
-            }
-            ws[idx] = v;
         }
-    }
-}
-
-/// Stages `a[r0 + r, c0 + c]` as `s[r · BLOCK + c]` (`[CHUNK rows, BLOCK columns]`), zero past `end`
-/// or `cols`.
-#[cube]
-fn stage_columns<F: Float>(
-    a: &Tensor<F>,
-    s: &mut Shared<[F]>,
-    unit: usize,
-    r0: usize,
-    end: usize,
-    c0: usize,
-    cols: usize,
-) {
-    #[unroll]
-    for l in 0..LOADS {
-        let idx = unit + l * UNITS * UNITS;
-        let (r, c) = (idx / BLOCK, idx % BLOCK);
-        let mut v = F::new(0.0);
-        if r0 + r < end && c0 + c < cols {
-            v = a[(r0 + r) * cols + c0 + c];
-        }
-        s[idx] = v;
+    } else {
+        stage_tile(w, ws, unit, w_base, k0, q, col0, n, BLOCK);
     }
 }
 
