@@ -8,6 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-4}
+if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
+    echo "error: ROUNDS must be a positive integer (got '$rounds')" >&2
+    exit 2
+fi
 out=${2:-bench-results/moe_vs_pytorch.jsonl}
 python=${PYTHON:-python3}
 shape=(--tokens 2048 --hidden 512 --ffn 1024 --experts 8 --top-k 2 --iters 20)

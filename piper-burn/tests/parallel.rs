@@ -68,45 +68,33 @@ fn expert_and_data_parallel_runs_equal_one_process() {
     }
 }
 
+/// The error every rank of a `ranks`-rank job gets for `layout`.
+fn refusal(ranks: usize, layout: Layout) -> Vec<String> {
+    LocalWorld::run(ranks, move |c| {
+        let topo = Topology::uniform(ranks, ranks).unwrap();
+        let mut corpus = Grammar::new(16, 3, 9);
+        train_parallel(
+            &model(),
+            &mut corpus,
+            &config(),
+            &c,
+            &topo,
+            layout,
+            Algo::Flat,
+            &Device::flex(),
+            1.0,
+            1.0,
+            |_| {},
+        )
+        .unwrap_err()
+    })
+}
+
 #[test]
 fn bad_layouts_are_refused_before_any_work() {
-    let err = LocalWorld::run(4, |c| {
-        let topo = Topology::uniform(4, 4).unwrap();
-        let mut corpus = Grammar::new(16, 3, 9);
-        train_parallel(
-            &model(),
-            &mut corpus,
-            &config(),
-            &c,
-            &topo,
-            Layout { ep: 2, dp: 1 },
-            Algo::Flat,
-            &Device::flex(),
-            1.0,
-            1.0,
-            |_| {},
-        )
-        .unwrap_err()
-    });
+    let err = refusal(4, Layout { ep: 2, dp: 1 });
     assert!(err[0].contains("--ep 2 × --dp 1 = 2 ranks, but the job has 4"), "{}", err[0]);
-    let err = LocalWorld::run(3, |c| {
-        let topo = Topology::uniform(3, 3).unwrap();
-        let mut corpus = Grammar::new(16, 3, 9);
-        train_parallel(
-            &model(),
-            &mut corpus,
-            &config(),
-            &c,
-            &topo,
-            Layout { ep: 3, dp: 1 },
-            Algo::Flat,
-            &Device::flex(),
-            1.0,
-            1.0,
-            |_| {},
-        )
-        .unwrap_err()
-    });
+    let err = refusal(3, Layout { ep: 3, dp: 1 });
     assert!(err[0].contains("divisible by EP·DP = 3") || err[0].contains("must divide the 8 experts"), "{}", err[0]);
 }
 
