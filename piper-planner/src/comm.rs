@@ -15,20 +15,35 @@ use serde::{Deserialize, Serialize};
 
 use crate::platform::{Level, Platform};
 
-/// All-to-all algorithm.
+/// All-to-all algorithm: the one enum the planner prices, `piper-comm` runs and the runtime's plan
+/// names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum A2aAlgo {
+    /// The backend's native variable all-to-all (MPI_Alltoallv).
     Flat,
+    /// One point-to-point message to every peer at once (priced as flat: the same messages).
+    Pairwise,
+    /// Hierarchical, topology-aware (Piper §VI).
     Halo,
 }
 
 impl A2aAlgo {
+    pub const ALL: [A2aAlgo; 3] = [A2aAlgo::Flat, A2aAlgo::Pairwise, A2aAlgo::Halo];
+
     pub fn name(&self) -> &'static str {
         match self {
             A2aAlgo::Flat => "flat",
+            A2aAlgo::Pairwise => "pairwise",
             A2aAlgo::Halo => "halo",
         }
+    }
+
+    /// Parses `flat`, `pairwise` or `halo`; the error names `field`.
+    pub fn parse(text: &str, field: &str) -> crate::Result<A2aAlgo> {
+        A2aAlgo::ALL.into_iter().find(|a| a.name() == text).ok_or_else(|| {
+            crate::Error::invalid("all-to-all", field, format!("`{text}` is not one of flat, pairwise, halo"))
+        })
     }
 }
 
@@ -156,7 +171,7 @@ pub fn all_to_all_s(platform: &Platform, shape: &GroupShape, bytes_per_peer: f64
             }
             let bytes: [f64; 3] = std::array::from_fn(|l| c * node.remote_ranks[l] as f64 * b);
             match algo {
-                A2aAlgo::Flat => {
+                A2aAlgo::Flat | A2aAlgo::Pairwise => {
                     let inter =
                         latency_s(platform, node.remote_ranks) + network_s(platform, bytes, b, node.nic_fraction);
                     phase_1.max(inter)

@@ -161,14 +161,42 @@ pub fn evaluate(
         );
         return Ok(Err((worst.total_bytes, reason)));
     };
-    let stages = footprint.stages(&split);
+    Ok(Ok(candidate(layout, cfg, algo, &split, footprint.stages(&split), prediction)))
+}
+
+/// Prices one configuration with a given stage split, without searching or checking memory (what the
+/// runtime reports as "predicted" for a layout the user fixed by hand).
+pub fn price(
+    spec: &ModelSpec,
+    platform: &Platform,
+    layout: &Layout,
+    cfg: &TrainConfig,
+    algo: A2aAlgo,
+    split: &StageSplit,
+) -> Result<PlanCandidate> {
+    layout.validate(spec, None)?;
+    cfg.validate()?;
+    split.validate(spec.num_layers, layout.pp)?;
+    let footprint = Footprint::new(spec, platform, layout, cfg)?;
+    let prediction = CostModel::new(spec, platform, layout, cfg, algo)?.predict(split);
+    Ok(candidate(layout, cfg, algo, split, footprint.stages(split), prediction))
+}
+
+fn candidate(
+    layout: &Layout,
+    cfg: &TrainConfig,
+    algo: A2aAlgo,
+    split: &StageSplit,
+    stages: Vec<StageMemory>,
+    prediction: StepPrediction,
+) -> PlanCandidate {
     let peak = stages.iter().max_by(|a, b| a.total_bytes.total_cmp(&b.total_bytes)).expect("pp ≥ 1");
     let slowest = prediction
         .stages
         .iter()
         .max_by(|a, b| (a.forward_s + a.backward_s).total_cmp(&(b.forward_s + b.backward_s)))
         .expect("pp ≥ 1");
-    Ok(Ok(PlanCandidate {
+    PlanCandidate {
         pp: layout.pp,
         ep: layout.ep,
         dp: layout.dp,
@@ -188,7 +216,7 @@ pub fn evaluate(
         a2a_fraction: slowest.a2a_s / (slowest.forward_s + slowest.backward_s).max(f64::MIN_POSITIVE),
         stages,
         prediction: Some(prediction),
-    }))
+    }
 }
 
 /// Searches the space and ranks the feasible plans by predicted MFU.

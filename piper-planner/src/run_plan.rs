@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::comm::A2aAlgo;
+use crate::error::{Error, Result};
 use crate::layout::{Layout, Recompute, Schedule, StageSplit};
 use crate::model::ModelSpec;
 use crate::planner::PlanCandidate;
@@ -14,6 +15,7 @@ pub const RUN_PLAN_VERSION: u32 = 1;
 
 /// One pipeline stage.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RunStage {
     pub stage: u64,
     pub first_layer: u64,
@@ -24,6 +26,7 @@ pub struct RunStage {
 
 /// When and how far the runtime rebalances experts.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MigrationPolicy {
     /// Rebalance an expert group when its max/mean tokens per rank exceeds this.
     pub threshold: f64,
@@ -35,6 +38,7 @@ pub struct MigrationPolicy {
 
 /// Predictions the runtime compares its measurements with.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Predicted {
     pub step_time_s: f64,
     pub mfu: f64,
@@ -46,6 +50,7 @@ pub struct Predicted {
 
 /// Everything the runtime needs to lay out and run a training job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RunPlan {
     pub version: u32,
     pub model: String,
@@ -126,6 +131,145 @@ impl RunPlan {
     }
 }
 
+/// Largest degree of any parallelism a plan may name (no machine has more ranks).
+const MAX_RANKS: u64 = 1 << 40;
+
+impl RunPlan {
+    /// Reads and checks a plan file (`piper plan --out`); errors name the file and the field.
+    pub fn load(path: &std::path::Path) -> Result<RunPlan> {
+        let file = |why: String| Error::File { path: path.display().to_string(), why };
+        let text = std::fs::read_to_string(path).map_err(|e| file(e.to_string()))?;
+        let plan: RunPlan = serde_json::from_str(&text).map_err(|e| file(format!("not a Piper plan file: {e}")))?;
+        plan.validate(&path.display().to_string())?;
+        Ok(plan)
+    }
+
+    pub fn layout(&self) -> Layout {
+        Layout { pp: self.pp, ep: self.ep, dp: self.dp }
+    }
+
+    /// Layers per stage.
+    pub fn split(&self) -> StageSplit {
+        StageSplit(self.stages.iter().map(|s| s.num_layers).collect())
+    }
+
+    /// Checks that the plan is self-consistent: degrees and rank count, rank order, stages (contiguous
+    /// layers, each rank once, in the documented order), batch arithmetic, expert placement, migration
+    /// policy, and finite non-negative predictions. `source` names the plan in errors.
+    pub fn validate(&self, source: &str) -> Result<()> {
+        let bad = |field: &str, why: String| Err(Error::invalid(source, field, why));
+        if self.version != RUN_PLAN_VERSION {
+            return bad(
+                "version",
+                format!(
+                    "is {} but this piper reads version {RUN_PLAN_VERSION}; re-plan with this piper's `piper plan --out`",
+                    self.version
+                ),
+            );
+        }
+        for (field, v) in [("pp", self.pp), ("ep", self.ep), ("dp", self.dp)] {
+            if v == 0 || v > MAX_RANKS {
+                return bad(field, format!("is {v}; it must be in 1..=2^40"));
+            }
+        }
+        let ranks = self.pp.checked_mul(self.ep).and_then(|x| x.checked_mul(self.dp)).filter(|r| *r <= MAX_RANKS);
+        if ranks != Some(self.gpus) {
+            return bad("gpus", format!("is {} but pp·ep·dp = {}·{}·{}", self.gpus, self.pp, self.ep, self.dp));
+        }
+        if self.rank_order != "ep,dp,pp" {
+            return bad("rank_order", format!("is `{}`; the runtime lays ranks out as `ep,dp,pp`", self.rank_order));
+        }
+        for (field, v) in [
+            ("seq_len", self.seq_len),
+            ("micro_batch_size", self.micro_batch_size),
+            ("num_micro_batches", self.num_micro_batches),
+        ] {
+            if v == 0 {
+                return bad(field, "must be ≥ 1".into());
+            }
+        }
+        let batch = self
+            .micro_batch_size
+            .checked_mul(self.num_micro_batches)
+            .and_then(|x| x.checked_mul(self.ep))
+            .and_then(|x| x.checked_mul(self.dp));
+        if batch != Some(self.global_batch) {
+            return bad(
+                "global_batch",
+                format!(
+                    "is {} but micro_batch_size · num_micro_batches · ep · dp = {}·{}·{}·{}",
+                    self.global_batch, self.micro_batch_size, self.num_micro_batches, self.ep, self.dp
+                ),
+            );
+        }
+        if self.stages.len() as u64 != self.pp {
+            return bad("stages", format!("lists {} stages but pp = {}", self.stages.len(), self.pp));
+        }
+        let layout = self.layout();
+        let mut next_layer = 0u64;
+        for (s, stage) in self.stages.iter().enumerate() {
+            let s = s as u64;
+            if stage.stage != s || stage.first_layer != next_layer || stage.num_layers == 0 {
+                return bad(
+                    "stages",
+                    format!(
+                        "entry {s} must be stage {s} starting at layer {next_layer} with ≥ 1 layer (got stage {}, first_layer {}, num_layers {})",
+                        stage.stage, stage.first_layer, stage.num_layers
+                    ),
+                );
+            }
+            next_layer = next_layer.saturating_add(stage.num_layers);
+            let expect: Vec<u64> = (0..self.dp).flat_map(|d| (0..self.ep).map(move |e| layout.rank(s, d, e))).collect();
+            if stage.ranks != expect {
+                return bad(
+                    "stages",
+                    format!("stage {s} must hold ranks {expect:?} (ep,dp,pp order), not {:?}", stage.ranks),
+                );
+            }
+        }
+        if !self.expert_placement.is_empty() {
+            let mut per_rank = vec![0u64; self.ep.min(self.expert_placement.len() as u64) as usize];
+            for (e, r) in self.expert_placement.iter().enumerate() {
+                match per_rank.get_mut(*r as usize) {
+                    Some(n) => *n += 1,
+                    None => {
+                        return bad("expert_placement", format!("puts expert {e} on rank {r}, but ep = {}", self.ep));
+                    }
+                }
+            }
+            if per_rank.len() as u64 != self.ep || per_rank.iter().any(|n| *n != per_rank[0]) {
+                return bad(
+                    "expert_placement",
+                    format!("gives the {} ranks {per_rank:?} experts; each must hold E / ep of them", self.ep),
+                );
+            }
+        }
+        let m = &self.migration;
+        if !(m.threshold.is_finite() && m.threshold >= 1.0) {
+            return bad("migration.threshold", format!("is {}; it is max/mean tokens per rank, ≥ 1", m.threshold));
+        }
+        if m.check_every_steps == 0 {
+            return bad("migration.check_every_steps", "must be ≥ 1".into());
+        }
+        let p = &self.predicted;
+        for (field, v) in [
+            ("predicted.step_time_s", p.step_time_s),
+            ("predicted.mfu", p.mfu),
+            ("predicted.tflops_per_gpu", p.tflops_per_gpu),
+            ("predicted.tokens_per_s", p.tokens_per_s),
+            ("predicted.bubble_fraction", p.bubble_fraction),
+        ]
+        .into_iter()
+        .chain(p.stage_memory_bytes.iter().map(|b| ("predicted.stage_memory_bytes", *b)))
+        {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(field, format!("is {v}; predictions are finite and ≥ 0"));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,5 +291,57 @@ mod tests {
         assert_eq!(run.expert_placement.len(), 8);
         assert!(run.expert_placement.iter().all(|r| *r < run.ep));
         assert_eq!(run.stages.iter().map(|s| s.num_layers).sum::<u64>(), 32);
+        run.validate("plan.json").unwrap();
+    }
+
+    fn tiny_plan() -> RunPlan {
+        let spec = preset("tiny").unwrap();
+        let p = platform::preset("frontier").unwrap();
+        let req = PlanRequest { pp: Some(2), ep: Some(2), ..PlanRequest::new(8, 64, 256) };
+        RunPlan::from_candidate(&spec, "frontier", 256, "bf16", &plan(&spec, &p, &req).unwrap().plans[0])
+    }
+
+    #[test]
+    fn inconsistent_plan_files_are_refused_naming_the_field() {
+        let good = tiny_plan();
+        good.validate("p").unwrap();
+        let cases: Vec<(&str, Box<dyn Fn(&mut RunPlan)>)> = vec![
+            ("`version` is 2", Box::new(|p| p.version = 2)),
+            ("`gpus` is 9", Box::new(|p| p.gpus = 9)),
+            ("`pp` is 0", Box::new(|p| p.pp = 0)),
+            ("`dp` is 1099511627777", Box::new(|p| p.dp = (1 << 40) + 1)),
+            ("`global_batch`", Box::new(|p| p.global_batch += 1)),
+            ("`micro_batch_size` must be", Box::new(|p| p.micro_batch_size = 0)),
+            ("`stages` stage 1 must hold ranks [4, 5, 6, 7]", Box::new(|p| p.stages[1].ranks.swap(0, 1))),
+            ("`stages` entry 1", Box::new(|p| p.stages[1].first_layer += 1)),
+            ("`expert_placement` puts expert 3 on rank 7", Box::new(|p| p.expert_placement[3] = 7)),
+            ("`expert_placement` gives", Box::new(|p| p.expert_placement[0] = 1)),
+            ("`migration.threshold` is NaN", Box::new(|p| p.migration.threshold = f64::NAN)),
+            ("`predicted.step_time_s` is -1", Box::new(|p| p.predicted.step_time_s = -1.0)),
+            ("`predicted.mfu` is inf", Box::new(|p| p.predicted.mfu = f64::INFINITY)),
+            ("`rank_order`", Box::new(|p| p.rank_order = "pp,dp,ep".into())),
+        ];
+        for (want, mutate) in cases {
+            let mut p = good.clone();
+            mutate(&mut p);
+            let err = p.validate("p.json").unwrap_err().to_string();
+            assert!(err.starts_with("p.json: ") && err.contains(want), "want `{want}` in: {err}");
+        }
+    }
+
+    #[test]
+    fn plan_files_load_and_refuse_unknown_fields() {
+        let dir = std::env::temp_dir().join(format!("piper-plan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("plan.json");
+        let good = tiny_plan();
+        std::fs::write(&path, serde_json::to_string_pretty(&good).unwrap()).unwrap();
+        assert_eq!(RunPlan::load(&path).unwrap(), good);
+        let mut v: serde_json::Value = serde_json::to_value(&good).unwrap();
+        v["pipeline_depth"] = 3.into();
+        std::fs::write(&path, v.to_string()).unwrap();
+        let err = RunPlan::load(&path).unwrap_err().to_string();
+        assert!(err.contains("not a Piper plan file") && err.contains("pipeline_depth"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

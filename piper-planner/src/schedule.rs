@@ -35,6 +35,79 @@ pub fn ops(schedule: Schedule, stage: u64, pp: u64, m: u64) -> Vec<Op> {
     }
 }
 
+/// One instruction of a stage's training step, in the spirit of DeepSpeed's pipeline schedules: the
+/// runtime runs each with one handler, and the simulator prices the same stream (its compute
+/// instructions, with the receives as the dependencies between stages).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "instr", content = "micro_batch", rename_all = "snake_case")]
+pub enum Instr {
+    /// Take micro-batch `i`'s token ids (first stage: inputs; last stage: targets).
+    LoadMicroBatch(u64),
+    /// Receive micro-batch `i`'s activations from the previous stage.
+    RecvActivation(u64),
+    /// Forward of micro-batch `i` through the stage's layers.
+    Forward(u64),
+    /// Send micro-batch `i`'s output activations to the next stage.
+    SendActivation(u64),
+    /// Receive the gradient of micro-batch `i`'s output from the next stage.
+    RecvGrad(u64),
+    /// Backward of micro-batch `i` (gradients accumulate over micro-batches).
+    Backward(u64),
+    /// Send the gradient of micro-batch `i`'s input to the previous stage.
+    SendGrad(u64),
+    /// Sum the accumulated gradients over the ranks that hold the same weights.
+    ReduceGrads,
+    /// Clip, update the weights, and step the learning-rate schedule.
+    OptimizerStep,
+}
+
+/// The instruction stream of stage `stage` of `pp` for one step with `m` micro-batches: the schedule's
+/// op list with the loads, receives and sends around each op, then the gradient reduction and the
+/// optimizer step. A single process is the stream of `pp = m = 1`.
+pub fn instructions(schedule: Schedule, stage: u64, pp: u64, m: u64) -> Vec<Instr> {
+    let (first, last) = (stage == 0, stage + 1 == pp);
+    let mut out = Vec::with_capacity(6 * m as usize + 2);
+    for op in ops(schedule, stage, pp, m) {
+        match op {
+            Op::Forward(i) => {
+                if first || last {
+                    out.push(Instr::LoadMicroBatch(i));
+                }
+                if !first {
+                    out.push(Instr::RecvActivation(i));
+                }
+                out.push(Instr::Forward(i));
+                if !last {
+                    out.push(Instr::SendActivation(i));
+                }
+            }
+            Op::Backward(i) => {
+                if !last {
+                    out.push(Instr::RecvGrad(i));
+                }
+                out.push(Instr::Backward(i));
+                if !first {
+                    out.push(Instr::SendGrad(i));
+                }
+            }
+        }
+    }
+    out.extend([Instr::ReduceGrads, Instr::OptimizerStep]);
+    out
+}
+
+/// The compute ops of an instruction stream, in order (what the simulator prices).
+pub fn compute_ops(stream: &[Instr]) -> Vec<Op> {
+    stream
+        .iter()
+        .filter_map(|i| match *i {
+            Instr::Forward(m) => Some(Op::Forward(m)),
+            Instr::Backward(m) => Some(Op::Backward(m)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Most micro-batches whose activations a stage holds at once (forwards done, backwards not yet).
 pub fn peak_in_flight(schedule: Schedule, stage: u64, pp: u64, m: u64) -> u64 {
     match schedule {
@@ -70,7 +143,8 @@ pub struct Simulation {
 /// micro-batch's backward on `s + 1` plus `p2p_s[s]` (the last stage's backward waits for its forward).
 pub fn simulate(schedule: Schedule, m: u64, forward_s: &[f64], backward_s: &[f64], p2p_s: &[f64]) -> Simulation {
     let pp = forward_s.len();
-    let lists: Vec<Vec<Op>> = (0..pp).map(|s| ops(schedule, s as u64, pp as u64, m)).collect();
+    // The compute ops of the very instruction streams the runtime executes.
+    let lists: Vec<Vec<Op>> = (0..pp).map(|s| compute_ops(&instructions(schedule, s as u64, pp as u64, m))).collect();
     let mut fwd_done = vec![vec![f64::NAN; m as usize]; pp];
     let mut bwd_done = vec![vec![f64::NAN; m as usize]; pp];
     let mut next = vec![0usize; pp];
@@ -168,10 +242,45 @@ mod tests {
 
         #[test]
         fn one_f_one_b_never_holds_more_than_gpipe(pp in 1u64..16, m in 1u64..64) {
+            // Counted from the op lists themselves, not from the closed forms.
             for s in 0..pp {
-                prop_assert!(peak_in_flight(Schedule::OneFOneB, s, pp, m) <= peak_in_flight(Schedule::GPipe, s, pp, m));
+                let one_f = in_flight_of(&ops(Schedule::OneFOneB, s, pp, m));
+                let gpipe = in_flight_of(&ops(Schedule::GPipe, s, pp, m));
+                prop_assert!(one_f <= gpipe && gpipe == m, "stage {}: 1F1B {} GPipe {}", s, one_f, gpipe);
+                prop_assert_eq!(one_f, m.min(pp - s));
             }
         }
+
+        #[test]
+        fn the_instruction_stream_wraps_the_op_list(pp in 1u64..9, m in 1u64..12, gpipe: bool) {
+            let sched = if gpipe { Schedule::GPipe } else { Schedule::OneFOneB };
+            for s in 0..pp {
+                let stream = instructions(sched, s, pp, m);
+                prop_assert_eq!(compute_ops(&stream), ops(sched, s, pp, m));
+                prop_assert_eq!(&stream[stream.len() - 2..], &[Instr::ReduceGrads, Instr::OptimizerStep]);
+                let pos = |x: Instr| stream.iter().position(|y| *y == x);
+                for i in 0..m {
+                    let f = pos(Instr::Forward(i)).unwrap();
+                    let b = pos(Instr::Backward(i)).unwrap();
+                    // Receives come right before their compute, sends right after; the ends have none.
+                    prop_assert_eq!(pos(Instr::RecvActivation(i)), (s > 0).then(|| f - 1));
+                    prop_assert_eq!(pos(Instr::SendActivation(i)), (s + 1 < pp).then_some(f + 1));
+                    prop_assert_eq!(pos(Instr::RecvGrad(i)), (s + 1 < pp).then(|| b - 1));
+                    prop_assert_eq!(pos(Instr::SendGrad(i)), (s > 0).then_some(b + 1));
+                    let loads = stream.iter().filter(|x| **x == Instr::LoadMicroBatch(i)).count();
+                    prop_assert_eq!(loads, usize::from(s == 0 || s + 1 == pp));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_single_process_runs_one_forward_and_backward() {
+        use Instr::*;
+        assert_eq!(
+            instructions(Schedule::OneFOneB, 0, 1, 1),
+            vec![LoadMicroBatch(0), Forward(0), Backward(0), ReduceGrads, OptimizerStep]
+        );
     }
 
     #[test]

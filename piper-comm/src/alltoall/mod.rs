@@ -6,39 +6,14 @@ pub mod dedup;
 pub mod halo;
 
 use bytemuck::Pod;
-use serde::{Deserialize, Serialize};
 
 use crate::collectives::{check_counts, exchange_counts, from_bytes, pairwise_bytes};
 use crate::communicator::Communicator;
 use crate::error::{CommError, Result};
 use crate::topology::{GroupNodes, Topology};
 
-/// An all-to-all algorithm.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Algo {
-    Flat,
-    Pairwise,
-    Halo,
-}
-
-impl Algo {
-    pub const ALL: [Algo; 3] = [Algo::Flat, Algo::Pairwise, Algo::Halo];
-
-    pub fn name(&self) -> &'static str {
-        match self {
-            Algo::Flat => "flat",
-            Algo::Pairwise => "pairwise",
-            Algo::Halo => "halo",
-        }
-    }
-
-    pub fn parse(s: &str) -> Result<Algo> {
-        Algo::ALL.into_iter().find(|a| a.name() == s).ok_or_else(|| {
-            CommError::invalid("all-to-all", "algorithm", format!("`{s}` is not one of flat, pairwise, halo"))
-        })
-    }
-}
+/// An all-to-all algorithm: the planner's enum (one enum for planner, comm and runtime).
+pub use piper_planner::comm::A2aAlgo as Algo;
 
 /// Runs one variable all-to-all of bytes with `algo` over `comm` (whose ranks sit as `topo` says).
 /// Returns the received bytes, grouped by source rank, and the byte count from each source.

@@ -54,7 +54,7 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 
 pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), String> {
     let algos: Vec<Algo> =
-        a.algos.iter().map(|s| Algo::parse(s)).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+        a.algos.iter().map(|s| Algo::parse(s, "--algos")).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
     let sizes: Vec<usize> = a.sizes.iter().map(|s| parse_size(s)).collect::<Result<_, _>>()?;
     if a.iters == 0 {
         return Err("`--iters` must be ≥ 1".into());

@@ -45,6 +45,7 @@ impl From<RecomputeArg> for Recompute {
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum AlgoArg {
     Flat,
+    Pairwise,
     Halo,
 }
 
@@ -52,6 +53,7 @@ impl From<AlgoArg> for A2aAlgo {
     fn from(a: AlgoArg) -> Self {
         match a {
             AlgoArg::Flat => A2aAlgo::Flat,
+            AlgoArg::Pairwise => A2aAlgo::Pairwise,
             AlgoArg::Halo => A2aAlgo::Halo,
         }
     }
