@@ -172,6 +172,31 @@ pub fn wait_all<C: Communicator + ?Sized>(comm: &C, pending: Vec<Box<dyn Pending
     Ok(slots.into_iter().map(|s| s.expect("all done").into_data()).collect())
 }
 
+/// Longest timeout a collective may be given (a day): beyond it a hang is never noticed.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// Parses a timeout in seconds: finite, > 0 and at most a day; the error names `field`.
+pub fn parse_timeout(text: &str, field: &str) -> Result<Duration> {
+    let secs: f64 = text.trim().parse().map_err(|_| {
+        CommError::invalid("timeout", field, format!("`{text}` is not a number of seconds (e.g. 120)"))
+    })?;
+    if !(secs.is_finite() && secs > 0.0 && secs <= MAX_TIMEOUT.as_secs_f64()) {
+        return Err(CommError::invalid("timeout", field, format!("is {secs}; it must be > 0 and ≤ 86400 seconds")));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// `PIPER_COMM_TIMEOUT_S` if set (checked by [`parse_timeout`]).
+pub fn timeout_from_env() -> Result<Option<Duration>> {
+    match std::env::var("PIPER_COMM_TIMEOUT_S") {
+        Ok(v) => parse_timeout(&v, "PIPER_COMM_TIMEOUT_S").map(Some),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(CommError::invalid("timeout", "PIPER_COMM_TIMEOUT_S", "is not valid UTF-8"))
+        }
+    }
+}
+
 /// The timeout error for `op` on `comm`.
 pub fn timeout_error<C: Communicator + ?Sized>(comm: &C, op: &str, missing: Vec<usize>) -> CommError {
     CommError::Timeout {

@@ -41,11 +41,13 @@ pub fn init() -> Result<(MpiRuntime, MpiComm)> {
     let universe =
         mpi::initialize().ok_or_else(|| CommError::invalid("MPI_Init", "mpi", "MPI was already initialised"))?;
     let world = universe.world();
+    // Errors come back as codes (a truncated receive is reported, not an abort of the job).
+    // SAFETY: the world communicator is valid after MPI_Init; the handler is a predefined one.
+    check("MPI_Comm_set_errhandler", unsafe {
+        mpi::ffi::MPI_Comm_set_errhandler(world.as_raw(), mpi::ffi::RSMPI_ERRORS_RETURN)
+    })?;
     let size = world.size() as usize;
-    let timeout = std::env::var("PIPER_COMM_TIMEOUT_S")
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(DEFAULT_TIMEOUT, Duration::from_secs_f64);
+    let timeout = crate::communicator::timeout_from_env()?.unwrap_or(DEFAULT_TIMEOUT);
     let comm = MpiComm {
         comm: world,
         name: "world".into(),
@@ -73,6 +75,8 @@ struct MpiPending {
     peer: usize,
     done: bool,
     recv: bool,
+    /// A point-to-point receive: its status carries the message length, checked against `buf`.
+    p2p_recv: bool,
 }
 
 impl MpiPending {
@@ -83,9 +87,40 @@ impl MpiPending {
         let mut flag: c_int = 0;
         let mut status = MaybeUninit::<mpi::ffi::MPI_Status>::uninit();
         // SAFETY: `req` is a live request created by this module; MPI_Test completes or leaves it.
-        check("MPI_Test", unsafe { mpi::ffi::MPI_Test(&mut self.req, &mut flag, status.as_mut_ptr()) })?;
+        let code = unsafe { mpi::ffi::MPI_Test(&mut self.req, &mut flag, status.as_mut_ptr()) };
+        if code != 0 && self.p2p_recv {
+            // The communicator returns errors (MPI_ERRORS_RETURN): a message longer than the posted
+            // receive is MPI_ERR_TRUNCATE, reported instead of aborting the job.
+            self.done = true;
+            return Err(self.length_error(None, code));
+        }
+        check("MPI_Test", code)?;
         self.done = flag != 0;
+        if self.done && self.p2p_recv {
+            let mut count: c_int = 0;
+            // SAFETY: the request completed, so `status` was written by MPI_Test.
+            check("MPI_Get_count", unsafe {
+                mpi::ffi::MPI_Get_count(status.as_ptr(), mpi::ffi::RSMPI_UINT8_T, &mut count)
+            })?;
+            if count as usize != self.buf.len() {
+                return Err(self.length_error(Some(count as usize), 0));
+            }
+        }
         Ok(self.done)
+    }
+
+    /// A received message whose length differs from the posted receive: the ranks disagree on a size.
+    fn length_error(&self, got: Option<usize>, code: c_int) -> CommError {
+        let got = got.map_or_else(|| format!("more (MPI error {code}, truncated)"), |n| n.to_string());
+        CommError::invalid(
+            "MPI receive",
+            "len",
+            format!(
+                "expected {} bytes from group rank {}, got {got}; the ranks disagree on a message size (do they run the same configuration?)",
+                self.buf.len(),
+                self.peer
+            ),
+        )
     }
 }
 
@@ -165,6 +200,7 @@ impl Communicator for MpiComm {
             peer: dest,
             done: false,
             recv: false,
+            p2p_recv: false,
         };
         let len = to_c_int("MPI_Isend", "data", p.buf.len())?;
         // SAFETY: the buffer is owned by `p` (heap, does not move) until the request completes or is leaked.
@@ -191,6 +227,7 @@ impl Communicator for MpiComm {
             peer: src,
             done: false,
             recv: true,
+            p2p_recv: true,
         };
         let count = to_c_int("MPI_Irecv", "len", len)?;
         // SAFETY: as for MPI_Isend.
@@ -264,6 +301,7 @@ impl Communicator for MpiComm {
             peer: 0,
             done: false,
             recv: true,
+            p2p_recv: false,
         };
         // SAFETY: every buffer and count array is owned here and kept alive (or leaked) until completion.
         check("MPI_Ialltoallv", unsafe {
@@ -304,6 +342,7 @@ impl Communicator for MpiComm {
             peer: 0,
             done: false,
             recv: true,
+            p2p_recv: false,
         };
         // SAFETY: buffers owned here until completion (or leaked on timeout).
         check("MPI_Iallreduce", unsafe {

@@ -2,7 +2,7 @@
 //! emulated nodes: random, skewed, zero and empty counts; even and uneven nodes; one node.
 
 use piper_comm::alltoall::dedup::dispatch_dedup;
-use piper_comm::alltoall::{Algo, all_to_all_v, reference};
+use piper_comm::alltoall::{Algo, all_to_all_v, all_to_all_v_bytes_known, reference};
 use piper_comm::{Communicator, GroupNodes, LocalWorld, Topology};
 use proptest::prelude::*;
 
@@ -23,6 +23,18 @@ fn check_all_algorithms(node_of: Vec<usize>, counts: Vec<Vec<usize>>) {
         for (d, (recv, recv_counts)) in got.into_iter().enumerate() {
             assert_eq!(recv, expect[d], "{} rank {d}", algo.name());
             assert_eq!(recv_counts, (0..n).map(|s| counts[s][d]).collect::<Vec<_>>(), "{} rank {d}", algo.name());
+        }
+        // With the receive counts known in advance (a dispatcher's handle): the same bytes.
+        let got = LocalWorld::run(n, |c| {
+            let me = c.rank();
+            let bytes: Vec<u8> = sends[me].iter().flat_map(|v| v.to_le_bytes()).collect();
+            let send_counts: Vec<usize> = counts[me].iter().map(|x| x * 8).collect();
+            let recv_counts: Vec<usize> = (0..n).map(|s| counts[s][me] * 8).collect();
+            all_to_all_v_bytes_known(algo, &c, &topo, &bytes, &send_counts, &recv_counts, "known").unwrap()
+        });
+        for (d, recv) in got.into_iter().enumerate() {
+            let want: Vec<u8> = expect[d].iter().flat_map(|v| v.to_le_bytes()).collect();
+            assert_eq!(recv, want, "{} (known counts) rank {d}", algo.name());
         }
     }
 }

@@ -39,6 +39,43 @@ pub fn all_to_all_v_bytes<C: Communicator + ?Sized>(
     }
 }
 
+/// A variable all-to-all of bytes whose receive counts are already known (a token dispatcher's handle
+/// keeps them): flat and pairwise move only the data, with no count exchange. HALO routes the counts its
+/// relays need in-band (they travel its phases); what arrives is checked against `recv_counts`.
+pub fn all_to_all_v_bytes_known<C: Communicator + ?Sized>(
+    algo: Algo,
+    comm: &C,
+    topo: &Topology,
+    send: &[u8],
+    send_counts: &[usize],
+    recv_counts: &[usize],
+    op: &str,
+) -> Result<Vec<u8>> {
+    check_counts(op, send.len(), send_counts, comm.size())?;
+    if recv_counts.len() != comm.size() {
+        return Err(CommError::invalid(
+            op,
+            "recv_counts",
+            format!("has {} entries for a group of {}", recv_counts.len(), comm.size()),
+        ));
+    }
+    match algo {
+        Algo::Flat => comm.all_to_all_v_bytes(send, send_counts, recv_counts, op),
+        Algo::Pairwise => pairwise_bytes(comm, send, send_counts, recv_counts, op),
+        Algo::Halo => {
+            let (data, got) = halo::halo_all_to_all_v(comm, &GroupNodes::new(comm, topo)?, send, send_counts, op)?;
+            if got != recv_counts {
+                return Err(CommError::invalid(
+                    op,
+                    "recv_counts",
+                    format!("the handle expected {recv_counts:?} bytes by source but {got:?} arrived"),
+                ));
+            }
+            Ok(data)
+        }
+    }
+}
+
 /// Typed variable all-to-all: `send_counts` in elements. Returns elements by source and counts.
 pub fn all_to_all_v<T: Pod, C: Communicator + ?Sized>(
     algo: Algo,

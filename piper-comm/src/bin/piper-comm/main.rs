@@ -41,10 +41,10 @@ fn main() {
         Ok(x) => x,
         Err(e) => fail(&e.to_string()),
     };
-    if cli.timeout_s.is_nan() || cli.timeout_s <= 0.0 {
-        fail("`--timeout-s` must be a positive number of seconds");
+    match piper_comm::communicator::parse_timeout(&cli.timeout_s.to_string(), "--timeout-s") {
+        Ok(t) => world.set_timeout(t),
+        Err(e) => fail(&e.to_string()),
     }
-    world.set_timeout(std::time::Duration::from_secs_f64(cli.timeout_s));
     let topo = match cli.ranks_per_node {
         Some(r) => Topology::uniform(world.size(), r),
         None => Topology::detect(&world),

@@ -4,6 +4,7 @@
 use piper_comm::alltoall::dedup::dispatch_dedup;
 use piper_comm::alltoall::{Algo, all_to_all_v};
 use piper_comm::collectives::{all_gather, barrier};
+use piper_comm::communicator::wait_all;
 use piper_comm::{Communicator, GroupNodes, Topology};
 
 #[derive(clap::Args)]
@@ -142,6 +143,25 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
         return Err("all-gather: wrong contents".into());
     }
     checks += 2;
+    // A message shorter or longer than the posted receive is an error naming the sizes, never silent
+    // zero padding or truncation (and never an abort of the job).
+    if n >= 2 && me < 2 {
+        for (sent, posted) in [(8usize, 16usize), (16, 8)] {
+            let reply = if me == 0 {
+                let p = world.isend(1, 77, vec![7u8; sent]).map_err(|e| e.to_string())?;
+                wait_all(world, vec![p], "length check send").map(|_| ())
+            } else {
+                let p = world.irecv(0, 77, posted).map_err(|e| e.to_string())?;
+                match wait_all(world, vec![p], "length check receive") {
+                    Ok(_) => return Err(format!("a {sent}-byte message into a {posted}-byte receive passed")),
+                    Err(e) if e.to_string().contains(&format!("expected {posted} bytes")) => Ok(()),
+                    Err(e) => return Err(format!("length check: unexpected error {e}")),
+                }
+            };
+            reply.map_err(|e| e.to_string())?;
+            checks += 1;
+        }
+    }
     let totals =
         all_gather(world, &[traffic.flat_inter_node_rows as u64, traffic.dedup_inter_node_rows as u64], "traffic")
             .map_err(|e| e.to_string())?;
