@@ -41,6 +41,30 @@ pub trait Corpus {
     fn describe(&self) -> String;
 }
 
+/// The training data of a run: the text file `data` (byte-level tokens) if given, else the seeded
+/// grammar with `alphabet` symbols and `branching` successors per context. Checked against the model's
+/// vocabulary before anything is drawn; the errors name the flags.
+pub fn open(
+    data: Option<&std::path::Path>,
+    alphabet: usize,
+    branching: usize,
+    seed: u64,
+    vocab_size: usize,
+) -> Result<Box<dyn Corpus>, String> {
+    if let Some(path) = data {
+        return Ok(Box::new(TextBytes::from_file(path, seed)?));
+    }
+    if !(2..=vocab_size).contains(&alphabet) {
+        return Err(format!(
+            "--grammar-alphabet is {alphabet}; it must be in 2..={vocab_size} (the model's vocabulary)"
+        ));
+    }
+    if !(1..=alphabet).contains(&branching) {
+        return Err(format!("--grammar-branching is {branching}; it must be in 1..={alphabet} (the alphabet)"));
+    }
+    Ok(Box::new(Grammar::new(alphabet, branching, seed)))
+}
+
 /// The seeded second-order Markov grammar.
 #[derive(Clone, Debug)]
 pub struct Grammar {

@@ -21,8 +21,23 @@ impl DispatchPlan {
     /// # Shapes
     /// - `topk_idx_tk`: `[t, k]`
     pub fn new(topk_idx_tk: &Tensor<2, Int>, num_experts: usize) -> Self {
+        Self::with_positions(topk_idx_tk, num_experts, None)
+    }
+
+    /// Sorts the copies by `positions[expert]` (an expert placement's dispatch order; `None`: by expert
+    /// id), stably. `counts_e` is then per position.
+    ///
+    /// # Shapes
+    /// - `topk_idx_tk`: `[t, k]`
+    pub fn with_positions(topk_idx_tk: &Tensor<2, Int>, num_experts: usize, positions: Option<&[usize]>) -> Self {
         let [t, k] = topk_idx_tk.dims();
-        let experts: Vec<i64> = topk_idx_tk.to_data().convert::<i64>().try_to_vec::<i64>().expect("int tensor data");
+        let mut experts: Vec<i64> =
+            topk_idx_tk.to_data().convert::<i64>().try_to_vec::<i64>().expect("int tensor data");
+        if let Some(pos) = positions {
+            for x in experts.iter_mut() {
+                *x = pos[*x as usize] as i64;
+            }
+        }
         let mut counts_e = vec![0usize; num_experts];
         for &x in &experts {
             counts_e[x as usize] += 1;
@@ -95,6 +110,17 @@ mod tests {
         let grads = y.sum().backward();
         let g: Vec<f32> = x.grad(&grads).unwrap().to_data().try_to_vec().unwrap();
         assert!(g.iter().all(|v| (v - 1.0).abs() < 1e-6), "{g:?}");
+    }
+
+    #[test]
+    fn positions_reorder_the_rows_and_their_counts() {
+        let device = Device::flex();
+        // Expert 2 first, then 0, then 1 (a placement that put expert 2 on rank 0).
+        let idx = ints(vec![2, 0, 0, 1, 2, 1], [3, 2], &device);
+        let plan = DispatchPlan::with_positions(&idx, 3, Some(&[1, 2, 0]));
+        assert_eq!(plan.counts_e, vec![2, 2, 2]);
+        let slots: Vec<i64> = plan.map.slot_p.to_data().convert::<i64>().try_to_vec().unwrap();
+        assert_eq!(slots, vec![0, 4, 1, 2, 3, 5]);
     }
 
     #[test]

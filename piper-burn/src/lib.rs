@@ -9,6 +9,7 @@ pub mod attention;
 pub mod corpus;
 pub mod decoder;
 pub mod dispatch;
+pub mod dispatcher;
 pub mod experts;
 pub mod init;
 pub mod lm;
@@ -16,10 +17,16 @@ pub mod losses;
 pub mod mla;
 pub mod mlp;
 pub mod moe;
-pub mod parallel;
 pub mod rope;
 pub mod router;
-pub mod train;
+pub mod runtime;
 
 pub use lm::{CausalLm, CausalLmConfig, LmLoss, LmOutput};
 pub use moe::{MoeBlock, MoeBlockConfig, MoeStats};
+
+/// Held while seeding and drawing a model's initial weights: the backend's seed may be global, so ranks
+/// (or tests) that are threads of one process draw one at a time and get the same weights for a seed.
+pub fn init_lock() -> std::sync::MutexGuard<'static, ()> {
+    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    INIT.lock().unwrap_or_else(|e| e.into_inner())
+}

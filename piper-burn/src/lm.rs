@@ -171,26 +171,14 @@ impl CausalLm {
         LmLoss { total, cross_entropy, moe: out.moe }
     }
 
-    /// Applies DeepSeek-V3's bias update to the MoE layers from layer `first` on, one stat each in order
-    /// (a pipeline stage's layers).
-    pub fn update_router_biases_from(mut self, first: usize, moe: &[MoeStats], rate: f64) -> Self {
-        let mut stats = moe.iter();
-        for layer in self.layers.iter_mut().skip(first) {
-            let Some(s) = (if layer.moe.is_some() { stats.next() } else { None }) else { continue };
-            let block = layer.moe.take().expect("checked");
-            let router = block.router.update_selection_bias(&s.tokens_per_expert, rate);
-            layer.moe = Some(crate::moe::MoeBlock { router, ..block });
-        }
-        self
-    }
-
-    /// Applies DeepSeek-V3's bias update to every router that uses a selection bias.
-    pub fn update_router_biases(mut self, moe: &[MoeStats], rate: f64) -> Self {
-        let mut stats = moe.iter();
+    /// Applies DeepSeek-V3's bias update to every router that uses a selection bias, from the tokens
+    /// each expert received (one list per MoE layer of this model, in layer order).
+    pub fn update_router_biases(mut self, tokens_per_expert: &[Vec<usize>], rate: f64) -> Self {
+        let mut counts = tokens_per_expert.iter();
         for layer in self.layers.iter_mut() {
             if let Some(block) = layer.moe.take() {
-                let s = stats.next().expect("one MoE stat per MoE layer");
-                let router = block.router.update_selection_bias(&s.tokens_per_expert, rate);
+                let c = counts.next().expect("one token count per MoE layer");
+                let router = block.router.update_selection_bias(c, rate);
                 layer.moe = Some(crate::moe::MoeBlock { router, ..block });
             }
         }

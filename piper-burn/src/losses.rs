@@ -18,6 +18,22 @@ pub fn load_balancing_loss(probs_te: Tensor<2>, topk_idx_tk: Tensor<2, Int>) -> 
     (f_e * p_e).sum() * e as f64
 }
 
+/// The same loss with `f_e` from token counts: `counts_e[e]` copies routed to expert e among
+/// `tokens` tokens with `k` copies each. With counts summed over the ranks that share the layer (and
+/// `tokens` their total), every rank's term is the global batch's `f_e` against its own `P_e`; the mean
+/// of the ranks' terms is then the loss of the whole batch (Megatron's global aux loss).
+///
+/// # Shapes
+/// - `probs_te`: softmax over all experts `[t, e]`
+pub fn load_balancing_loss_from_counts(probs_te: Tensor<2>, counts_e: &[usize], tokens: usize) -> Tensor<1> {
+    let [_, e] = probs_te.dims();
+    let device = probs_te.device();
+    let f: Vec<f32> = counts_e.iter().map(|c| *c as f32 / tokens.max(1) as f32).collect();
+    let f_e = Tensor::<1>::from_data(TensorData::new(f, [e]), &device);
+    let p_e = probs_te.mean_dim(0).reshape([e]);
+    (f_e * p_e).sum() * e as f64
+}
+
 /// Router z-loss (ST-MoE): mean over tokens of `logsumexp(logits)²`.
 ///
 /// # Shapes
@@ -45,6 +61,20 @@ mod tests {
         let idx = Tensor::<2, Int>::zeros([4, 1], &device);
         let collapsed: f32 = load_balancing_loss(probs, idx).into_scalar();
         assert!((collapsed - 4.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn counts_form_equals_the_one_hot_form() {
+        let device = Device::flex();
+        let probs = burn::tensor::activation::softmax(
+            Tensor::<2>::random([6, 4], burn::tensor::Distribution::Normal(0.0, 1.0), &device),
+            1,
+        );
+        let idx =
+            Tensor::<2, Int>::from_data(TensorData::new(vec![0i64, 1, 1, 2, 3, 0, 2, 1, 0, 3, 1, 2], [6, 2]), &device);
+        let one_hot: f32 = load_balancing_loss(probs.clone(), idx).into_scalar();
+        let counts: f32 = load_balancing_loss_from_counts(probs, &[3, 4, 3, 2], 6).into_scalar();
+        assert!((one_hot - counts).abs() < 1e-6 && one_hot.is_finite(), "{one_hot} vs {counts}");
     }
 
     #[test]

@@ -8,20 +8,23 @@ use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::{sigmoid, softmax};
 
+use std::sync::Arc;
+
 use crate::dispatch::{DispatchPlan, combine, permute};
+use crate::dispatcher::{ExpertPlacement, TokenDispatcher};
 use crate::experts::{GroupedExperts, GroupedExpertsConfig};
 use crate::init::normal_linear;
-use crate::losses::{load_balancing_loss, z_loss};
+use crate::losses::{load_balancing_loss_from_counts, z_loss};
 use crate::mlp::{Mlp, MlpConfig};
-use crate::parallel::exchange::{GroupHandle, exchange_rows, with_group};
 use crate::router::{Router, RouterConfig};
 
-/// This rank's place in an expert group: it holds experts `[rank · E/size, (rank + 1) · E/size)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ExpertGroup {
-    pub handle: GroupHandle,
-    pub rank: usize,
-    pub size: usize,
+/// How this block reaches its experts: the dispatcher, and where each expert lives.
+#[derive(Clone, Debug)]
+pub struct ExpertRouting {
+    pub dispatcher: Arc<dyn TokenDispatcher>,
+    pub placement: ExpertPlacement,
+    /// Dispatch position of each expert (cached from `placement`).
+    positions: Vec<usize>,
 }
 
 #[derive(Config, Debug)]
@@ -45,9 +48,10 @@ pub struct MoeBlock {
     pub experts: GroupedExperts,
     pub shared: Option<Mlp>,
     pub shared_gate: Option<Linear>,
-    /// Expert parallelism: `None` when this rank holds every expert.
+    /// The dispatcher and expert placement: `None` when this rank holds every expert and shares the
+    /// layer with nobody.
     #[module(skip)]
-    pub expert_group: Option<ExpertGroup>,
+    pub routing: Option<ExpertRouting>,
 }
 
 /// Per-layer routing statistics of one forward pass.
@@ -81,72 +85,42 @@ impl MoeBlockConfig {
             shared: (self.num_shared > 0).then(|| MlpConfig::new(d, self.num_shared * self.shared_ffn).init(device)),
             shared_gate: (self.num_shared > 0 && self.shared_gate)
                 .then(|| normal_linear(LinearConfig::new(d, 1), device)),
-            expert_group: None,
+            routing: None,
         }
     }
 }
 
 impl MoeBlock {
-    /// Keeps only this rank's experts (`E / size` of them) and routes other experts' rows through the
-    /// group's all-to-all.
-    pub fn into_expert_parallel(mut self, group: ExpertGroup) -> Self {
+    /// Keeps only the experts `placement` puts on `rank` (in slot order) and reaches the others through
+    /// `dispatcher`. With one rank, every expert stays and the dispatcher only shares the layer's load.
+    pub fn with_routing(
+        mut self,
+        dispatcher: Arc<dyn TokenDispatcher>,
+        placement: ExpertPlacement,
+        rank: usize,
+    ) -> Self {
         let e = self.router.num_experts;
-        assert!(group.size > 0 && e.is_multiple_of(group.size), "EP = {} must divide the {e} experts", group.size);
-        let local = e / group.size;
-        let start = group.rank * local;
-        let shard = |p: burn::module::Param<Tensor<3>>| {
-            burn::module::Param::from_tensor(p.val().narrow(0, start, local).detach())
-        };
-        self.experts.w_gate_edf = shard(self.experts.w_gate_edf);
-        self.experts.w_up_edf = shard(self.experts.w_up_edf);
-        self.experts.w_down_efd = shard(self.experts.w_down_efd);
-        self.expert_group = Some(group);
+        assert_eq!(
+            placement.num_experts(),
+            e,
+            "the placement covers {} experts, the block has {e}",
+            placement.num_experts()
+        );
+        if placement.ranks() > 1 {
+            let mine: Vec<i64> = placement.experts_of(rank).into_iter().map(|x| x as i64).collect();
+            let device = self.experts.w_gate_edf.val().device();
+            let n = mine.len();
+            let idx = Tensor::<1, Int>::from_data(TensorData::new(mine, [n]), &device);
+            let shard = |p: burn::module::Param<Tensor<3>>| {
+                burn::module::Param::from_tensor(p.val().select(0, idx.clone()).detach())
+            };
+            self.experts.w_gate_edf = shard(self.experts.w_gate_edf);
+            self.experts.w_up_edf = shard(self.experts.w_up_edf);
+            self.experts.w_down_efd = shard(self.experts.w_down_efd);
+        }
+        let positions = placement.positions();
+        self.routing = Some(ExpertRouting { dispatcher, placement, positions });
         self
-    }
-
-    /// Dispatch to the experts' ranks, run the local experts, combine back.
-    ///
-    /// # Shapes
-    /// - `x_pd`: rows sorted by global expert, `counts_e` per expert → `[p, d]` in the same order
-    fn expert_parallel(&self, x_pd: Tensor<2>, counts_e: &[usize], group: ExpertGroup) -> Tensor<2> {
-        let (n, local) = (group.size, counts_e.len() / group.size);
-        // Rows per (destination rank, its local expert), and what every source sends here.
-        let send_counts: Vec<usize> = (0..n).map(|r| counts_e[r * local..(r + 1) * local].iter().sum()).collect();
-        let counts_u64: Vec<u64> = counts_e.iter().map(|c| *c as u64).collect();
-        let (incoming, _) = with_group(group.handle, |comm, _, _| {
-            piper_comm::collectives::all_to_all_v(comm, &counts_u64, &vec![local; n], "expert counts exchange")
-        })
-        .unwrap_or_else(|e| panic!("{e}"));
-        let from: Vec<Vec<usize>> = incoming.chunks(local).map(|c| c.iter().map(|x| *x as usize).collect()).collect();
-        let recv_counts: Vec<usize> = from.iter().map(|c| c.iter().sum()).collect();
-        let x_qd = exchange_rows(x_pd, group.handle, &send_counts, &recv_counts, "expert dispatch all-to-all");
-        // Received rows are grouped by source, then local expert; the experts want them by expert.
-        let source_start: Vec<usize> = recv_counts
-            .iter()
-            .scan(0, |a, c| {
-                let s = *a;
-                *a += c;
-                Some(s)
-            })
-            .collect();
-        let mut order: Vec<i64> = Vec::with_capacity(recv_counts.iter().sum());
-        for j in 0..local {
-            for s in 0..n {
-                let start = source_start[s] + from[s][..j].iter().sum::<usize>();
-                order.extend((start..start + from[s][j]).map(|i| i as i64));
-            }
-        }
-        let mut inverse = vec![0i64; order.len()];
-        for (pos, &row) in order.iter().enumerate() {
-            inverse[row as usize] = pos as i64;
-        }
-        let device = x_qd.device();
-        let q = order.len();
-        let by_expert = x_qd.select(0, Tensor::<1, Int>::from_data(TensorData::new(order, [q]), &device));
-        let local_counts: Vec<usize> = (0..local).map(|j| from.iter().map(|c| c[j]).sum()).collect();
-        let y_sorted = self.experts.forward(by_expert, &local_counts);
-        let y_qd = y_sorted.select(0, Tensor::<1, Int>::from_data(TensorData::new(inverse, [q]), &device));
-        exchange_rows(y_qd, group.handle, &recv_counts, &send_counts, "expert combine all-to-all")
     }
 
     /// # Shapes
@@ -157,11 +131,17 @@ impl MoeBlock {
         let x_td = x_bsd.reshape([t, d]);
         let routing = self.router.forward(x_td.clone());
         let num_experts = self.router.num_experts;
-        let plan = DispatchPlan::new(&routing.topk_idx_tk, num_experts);
+        let positions = self.routing.as_ref().map(|r| r.positions.as_slice());
+        // Rows sorted by dispatch position (destination rank, then local slot); counts per position.
+        let plan = DispatchPlan::with_positions(&routing.topk_idx_tk, num_experts, positions);
         let x_pd = permute(x_td.clone(), &plan);
-        let y_pd = match self.expert_group {
+        let y_pd = match &self.routing {
             None => self.experts.forward(x_pd, &plan.counts_e),
-            Some(group) => self.expert_parallel(x_pd, &plan.counts_e, group),
+            Some(r) => {
+                let (x_qd, handle) = r.dispatcher.dispatch(x_pd, &plan.counts_e);
+                let y_qd = self.experts.forward(x_qd, &handle.local_counts);
+                r.dispatcher.combine(y_qd, &handle)
+            }
         };
         let mut out_td = combine(y_pd, routing.topk_w_tk.clone(), &plan);
         if let Some(shared) = &self.shared {
@@ -171,11 +151,22 @@ impl MoeBlock {
             }
             out_td = out_td + shared_td;
         }
+        let tokens_per_expert: Vec<usize> = match positions {
+            Some(pos) => pos.iter().map(|p| plan.counts_e[*p]).collect(),
+            None => plan.counts_e,
+        };
+        // The load-balancing loss sees the load of every rank that shares the layer (global aux loss).
+        let layer_load = match &self.routing {
+            Some(r) => r.dispatcher.layer_load(&tokens_per_expert),
+            None => tokens_per_expert.clone(),
+        };
+        let k = routing.topk_idx_tk.dims()[1];
+        let layer_tokens = layer_load.iter().sum::<usize>() / k.max(1);
         let probs_te = softmax(routing.logits_te.clone(), 1);
         let stats = MoeStats {
-            aux_loss: load_balancing_loss(probs_te, routing.topk_idx_tk),
+            aux_loss: load_balancing_loss_from_counts(probs_te, &layer_load, layer_tokens),
             z_loss: z_loss(routing.logits_te.clone()),
-            tokens_per_expert: plan.counts_e,
+            tokens_per_expert,
             router_logits_te: routing.logits_te,
         };
         (out_td.reshape([b, s, d]), stats)

@@ -177,9 +177,10 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// Parses a timeout in seconds: finite, > 0 and at most a day; the error names `field`.
 pub fn parse_timeout(text: &str, field: &str) -> Result<Duration> {
-    let secs: f64 = text.trim().parse().map_err(|_| {
-        CommError::invalid("timeout", field, format!("`{text}` is not a number of seconds (e.g. 120)"))
-    })?;
+    let secs: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| CommError::invalid("timeout", field, format!("`{text}` is not a number of seconds (e.g. 120)")))?;
     if !(secs.is_finite() && secs > 0.0 && secs <= MAX_TIMEOUT.as_secs_f64()) {
         return Err(CommError::invalid("timeout", field, format!("is {secs}; it must be > 0 and ≤ 86400 seconds")));
     }

@@ -48,6 +48,13 @@ pub struct Predicted {
     pub stage_memory_bytes: Vec<f64>,
 }
 
+impl Predicted {
+    /// Memory of the fullest stage (0 for a plan without per-stage predictions).
+    pub fn peak_memory_bytes(&self) -> f64 {
+        self.stage_memory_bytes.iter().copied().max_by(f64::total_cmp).unwrap_or(0.0)
+    }
+}
+
 /// Everything the runtime needs to lay out and run a training job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

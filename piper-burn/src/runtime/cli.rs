@@ -1,0 +1,159 @@
+//! The command-line flags of a training run and their resolution into a run: the model spec, the
+//! [`RunConfig`], the plan (a plan file, `--plan auto`, or the layout flags priced by the planner) and
+//! the data. Examples flatten [`RunArgs`] into their own parser and add what only they know (the backend).
+
+use std::path::PathBuf;
+
+use piper_planner::comm::A2aAlgo;
+use piper_planner::layout::{Layout, Schedule, StageSplit};
+use piper_planner::model::{ModelSpec, resolve_model};
+use piper_planner::run_plan::RunPlan;
+
+use super::config::{AuxLossScope, RunConfig};
+use super::plan::{LayoutFlags, check_plan, plan_auto, plan_from_flags};
+use super::report::ReportOptions;
+
+/// Flags of a training run.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Model: tiny (Mixtral-style), tiny-qwen3, tiny-deepseek, or any planner preset / config.json
+    /// [default: the plan file's model, else tiny].
+    #[arg(long)]
+    pub preset: Option<String>,
+    #[arg(long, default_value_t = 1000)]
+    pub steps: usize,
+    /// Sequences per step over all ranks, the global batch [default: the plan file's, else 16].
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Tokens each sequence trains on, the planner's sequence length [default: the plan file's, else 63].
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    #[arg(long, default_value_t = 3e-3)]
+    pub lr: f64,
+    #[arg(long, default_value_t = 20)]
+    pub warmup: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Weight of the load-balancing loss.
+    #[arg(long, default_value_t = 0.01)]
+    pub aux_loss_coef: f64,
+    /// Token counts of the load-balancing loss: summed over the ranks sharing a layer, or per rank.
+    #[arg(long, value_enum, default_value_t = AuxScopeArg::Global)]
+    pub aux_loss_scope: AuxScopeArg,
+    /// Clip the global gradient norm to this (0: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub grad_clip: f64,
+    /// Train on this UTF-8 text file (byte-level) instead of the synthetic grammar.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    #[arg(long, default_value_t = 48)]
+    pub grammar_alphabet: usize,
+    #[arg(long, default_value_t = 3)]
+    pub grammar_branching: usize,
+    /// One JSON line per step.
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
+    /// The run summary (JSON) at the end (rank 0).
+    #[arg(long)]
+    pub summary: Option<PathBuf>,
+    /// A log line every N steps (0: none).
+    #[arg(long, default_value_t = 50)]
+    pub log_every: usize,
+    /// Plain log lines instead of a progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+    /// A plan file (`piper plan --out`), or `auto` (the planner, in memory). Overrides the layout flags.
+    #[arg(long)]
+    pub plan: Option<String>,
+    /// Platform the planner prices on: `local` (this machine) or a TOML file.
+    #[arg(long, default_value = "local")]
+    pub platform: String,
+    #[arg(long, default_value_t = 1)]
+    pub pp: u64,
+    #[arg(long, default_value_t = 1)]
+    pub ep: u64,
+    #[arg(long, default_value_t = 1)]
+    pub dp: u64,
+    #[arg(long, default_value_t = 1)]
+    pub micro_batches: usize,
+    #[arg(long, value_parser = ["gpipe", "1f1b"], default_value = "1f1b")]
+    pub schedule: String,
+    /// Layers per stage, e.g. 1,3 (default: even).
+    #[arg(long)]
+    pub split: Option<String>,
+    #[arg(long = "all-to-all", value_parser = ["flat", "pairwise", "halo"], default_value = "flat")]
+    pub all_to_all: String,
+    /// Debug: start every router at zero (all tokens tie and pick the lowest-numbered experts).
+    #[arg(long)]
+    pub zero_router: bool,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum AuxScopeArg {
+    Global,
+    MicroBatch,
+}
+
+/// A run, resolved from its flags and checked: everything but the Burn model and the device.
+pub struct ResolvedRun {
+    pub spec: ModelSpec,
+    pub config: RunConfig,
+    pub plan: RunPlan,
+}
+
+impl RunArgs {
+    /// Resolves the flags for a job of `ranks` ranks. A plan file fills in the model, batch and sequence
+    /// length the flags leave out, and must agree with those given. One line, naming the flag, for the
+    /// first thing that cannot work — before any model is built.
+    pub fn resolve(&self, ranks: usize) -> Result<ResolvedRun, String> {
+        let file = match self.plan.as_deref() {
+            Some("auto") | None => None,
+            Some(path) => Some(RunPlan::load(path.as_ref()).map_err(|e| format!("--plan {e}"))?),
+        };
+        let preset =
+            self.preset.clone().or_else(|| file.as_ref().map(|p| p.model.clone())).unwrap_or_else(|| "tiny".into());
+        let spec = resolve_model(&preset).map_err(|e| e.to_string())?;
+        let config = RunConfig::new()
+            .with_steps(self.steps)
+            .with_global_batch(self.batch_size.or(file.as_ref().map(|p| p.global_batch as usize)).unwrap_or(16))
+            .with_seq_len(self.seq_len.or(file.as_ref().map(|p| p.seq_len as usize)).unwrap_or(63))
+            .with_lr(self.lr)
+            .with_warmup_steps(self.warmup)
+            .with_grad_clip(self.grad_clip)
+            .with_aux_loss_coef(self.aux_loss_coef)
+            .with_aux_loss_scope(match self.aux_loss_scope {
+                AuxScopeArg::Global => AuxLossScope::Global,
+                AuxScopeArg::MicroBatch => AuxLossScope::MicroBatch,
+            })
+            .with_seed(self.seed);
+        config.validate()?;
+        let platform = piper_planner::platform::resolve_platform(&self.platform).map_err(|e| e.to_string())?;
+        let plan = match (file, self.plan.as_deref()) {
+            (Some(p), _) => p,
+            (None, Some(_)) => plan_auto(&spec, &platform, &config, ranks)?,
+            (None, None) => {
+                let split = self.split.as_deref().map(|s| StageSplit::parse(s, spec.num_layers, self.pp));
+                let flags = LayoutFlags {
+                    layout: Layout { pp: self.pp, ep: self.ep, dp: self.dp },
+                    micro_batches: self.micro_batches,
+                    schedule: if self.schedule == "gpipe" { Schedule::GPipe } else { Schedule::OneFOneB },
+                    split: split.transpose().map_err(|e| e.to_string())?,
+                    all_to_all: A2aAlgo::parse(&self.all_to_all, "--all-to-all").map_err(|e| e.to_string())?,
+                };
+                plan_from_flags(&spec, &platform, &config, &flags, ranks)?
+            }
+        };
+        check_plan(&plan, &spec, &config, ranks)?;
+        Ok(ResolvedRun { spec, config, plan })
+    }
+
+    /// Where the per-step output goes.
+    pub fn report_options(&self) -> ReportOptions {
+        ReportOptions { metrics: self.metrics.clone(), log_every: self.log_every, progress: !self.no_progress }
+    }
+
+    /// The training data (the text file, or the grammar), checked against the model's vocabulary.
+    pub fn corpus(&self, vocab_size: usize) -> Result<Box<dyn crate::corpus::Corpus>, String> {
+        crate::corpus::open(self.data.as_deref(), self.grammar_alphabet, self.grammar_branching, self.seed, vocab_size)
+    }
+}

@@ -1,0 +1,149 @@
+//! The run configuration: what to optimise and for how long. The layout (PP × EP × DP, micro-batches,
+//! schedule, split, all-to-all) lives in the plan ([`piper_planner::run_plan::RunPlan`]); together
+//! they are everything a run needs. Validated once, here, before any allocation; every message names
+//! the command-line flag.
+
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Where the load-balancing loss takes its token counts from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuxLossScope {
+    /// Counts summed over every rank that shares the layer, per micro-batch (Megatron's
+    /// `global_aux_loss`): a layout equals one process on the same batch.
+    Global,
+    /// Each rank's own micro-batch (the loss differs from one process by design).
+    MicroBatch,
+}
+
+/// Optimisation settings of a run.
+#[derive(Config, Debug)]
+pub struct RunConfig {
+    /// Optimizer steps in the whole run.
+    #[config(default = 200)]
+    pub steps: usize,
+    /// Sequences per optimizer step over all ranks (the global batch).
+    #[config(default = 16)]
+    pub global_batch: usize,
+    /// Tokens each sequence trains on — the planner's sequence length (the data draws `seq_len + 1` ids
+    /// per sequence: inputs and their next-token targets).
+    #[config(default = 63)]
+    pub seq_len: usize,
+    #[config(default = 3e-3)]
+    pub lr: f64,
+    /// Final learning rate as a fraction of `lr` (cosine decay).
+    #[config(default = 0.1)]
+    pub min_lr_ratio: f64,
+    /// Linear warm-up steps (at most `steps`).
+    #[config(default = 20)]
+    pub warmup_steps: usize,
+    #[config(default = 0.1)]
+    pub weight_decay: f64,
+    /// Clip the global gradient norm (over every parameter of the model, on all ranks) to this; 0: off.
+    #[config(default = 1.0)]
+    pub grad_clip: f64,
+    /// Weight of the load-balancing loss.
+    #[config(default = 0.01)]
+    pub aux_loss_coef: f64,
+    #[config(default = "AuxLossScope::Global")]
+    pub aux_loss_scope: AuxLossScope,
+    /// Step of DeepSeek's selection-bias update (routers with a selection bias only).
+    #[config(default = 1e-3)]
+    pub bias_update_rate: f64,
+    #[config(default = 0)]
+    pub seed: u64,
+}
+
+/// Beyond these no run on any machine goes; larger values are typos, refused before they allocate.
+pub const MAX_STEPS: usize = 100_000_000;
+pub const MAX_SEQ_LEN: usize = 1 << 20;
+pub const MAX_GLOBAL_BATCH: usize = 1 << 24;
+
+fn finite_at_least(flag: &str, v: f64, min: f64, what: &str) -> Result<(), String> {
+    if v.is_finite() && v >= min { Ok(()) } else { Err(format!("{flag} is {v}; it must be {what}")) }
+}
+
+impl RunConfig {
+    /// Checks every field; the error names the flag and what it must be.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_STEPS).contains(&self.steps) {
+            return Err(format!("--steps is {}; it must be in 1..={MAX_STEPS}", self.steps));
+        }
+        if !(1..=MAX_GLOBAL_BATCH).contains(&self.global_batch) {
+            return Err(format!(
+                "--batch-size is {}; it must be in 1..={MAX_GLOBAL_BATCH} sequences",
+                self.global_batch
+            ));
+        }
+        if !(2..=MAX_SEQ_LEN).contains(&self.seq_len) {
+            return Err(format!("--seq-len is {}; it must be in 2..={MAX_SEQ_LEN} tokens", self.seq_len));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0 && self.lr <= 10.0) {
+            return Err(format!("--lr is {}; it must be a finite number in (0, 10]", self.lr));
+        }
+        if !(self.min_lr_ratio.is_finite() && (0.0..=1.0).contains(&self.min_lr_ratio)) {
+            return Err(format!("--min-lr-ratio is {}; it must be in [0, 1]", self.min_lr_ratio));
+        }
+        finite_at_least("--weight-decay", self.weight_decay, 0.0, "a finite number ≥ 0")?;
+        finite_at_least("--grad-clip", self.grad_clip, 0.0, "a finite norm ≥ 0 (0: no clipping)")?;
+        finite_at_least("--aux-loss-coef", self.aux_loss_coef, 0.0, "a finite weight ≥ 0")?;
+        finite_at_least("--bias-update-rate", self.bias_update_rate, 0.0, "a finite rate ≥ 0")?;
+        Ok(())
+    }
+
+    /// Learning rate at `step` (0-based): linear warm-up to `lr`, then cosine to `lr · min_lr_ratio`.
+    pub fn learning_rate(&self, step: usize) -> f64 {
+        let warmup = self.warmup_steps.min(self.steps);
+        if step < warmup {
+            return self.lr * (step + 1) as f64 / warmup as f64;
+        }
+        let decay = self.steps.saturating_sub(warmup).max(1);
+        let progress = ((step - warmup) as f64 / decay as f64).min(1.0);
+        let min = self.lr * self.min_lr_ratio;
+        min + 0.5 * (self.lr - min) * (1.0 + (std::f64::consts::PI * progress).cos())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_warms_up_then_decays_to_the_floor() {
+        let c = RunConfig::new().with_steps(100).with_warmup_steps(10).with_lr(1.0).with_min_lr_ratio(0.1);
+        assert!((c.learning_rate(0) - 0.1).abs() < 1e-12);
+        assert!((c.learning_rate(9) - 1.0).abs() < 1e-12);
+        assert!((c.learning_rate(10) - 1.0).abs() < 1e-12);
+        assert!((c.learning_rate(55) - 0.55).abs() < 1e-12); // halfway: (1 + 0.1) / 2
+        assert!((c.learning_rate(100) - 0.1).abs() < 1e-12);
+        // Warm-up longer than the run: it ends with the run.
+        let short = RunConfig::new().with_steps(4).with_warmup_steps(20).with_lr(1.0);
+        assert!((short.learning_rate(3) - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn every_bad_field_is_named() {
+        let ok = RunConfig::new();
+        ok.validate().unwrap();
+        let cases: Vec<(RunConfig, &str)> = vec![
+            (RunConfig::new().with_steps(0), "--steps is 0"),
+            (RunConfig::new().with_steps(1_000_000_000), "--steps is 1000000000"),
+            (RunConfig::new().with_global_batch(0), "--batch-size is 0"),
+            (RunConfig::new().with_seq_len(0), "--seq-len is 0"),
+            (RunConfig::new().with_seq_len(1), "--seq-len is 1"),
+            (RunConfig::new().with_seq_len(MAX_SEQ_LEN + 1), "--seq-len is 1048577"),
+            (RunConfig::new().with_lr(f64::NAN), "--lr is NaN"),
+            (RunConfig::new().with_lr(-1e-3), "--lr is -0.001"),
+            (RunConfig::new().with_grad_clip(f64::NAN), "--grad-clip is NaN"),
+            (RunConfig::new().with_grad_clip(-1.0), "--grad-clip is -1"),
+            (RunConfig::new().with_aux_loss_coef(f64::INFINITY), "--aux-loss-coef is inf"),
+            (RunConfig::new().with_weight_decay(-0.1), "--weight-decay is -0.1"),
+            (RunConfig::new().with_min_lr_ratio(2.0), "--min-lr-ratio is 2"),
+        ];
+        for (c, want) in cases {
+            let err = c.validate().unwrap_err();
+            assert!(err.starts_with(want), "want `{want}`: {err}");
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! The one trainer: every rank runs its stage's instruction stream — the planner's
+//! [`instructions`](piper_planner::schedule::instructions), the same list the simulator prices — with one
+//! handler per instruction. One process is the stream of PP = EP = DP = 1; expert- and data-parallel
+//! runs are PP = 1; pipelined runs add the receives and sends between stages.
+//!
+//! Ranks form the plan's PP × EP × DP grid (`rank = ep + EP·(dp + DP·stage)`). Every rank draws the
+//! whole model from the seed (so a seed means the same weights for any layout), keeps its stage's layers
+//! and the experts the plan places on it. Each replica (EP·DP of them per stage) takes an equal slice of
+//! the global batch, in micro-batches; losses are scaled by 1 / (EP·DP·M), so gradients summed over the
+//! replicas equal the one-process gradients of the whole batch.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn::optim::{AdamWConfig, GradientsParams};
+use burn::prelude::*;
+use piper_comm::communicator::wait_all;
+use piper_comm::{Communicator, Pending, Topology};
+use piper_planner::model::ModelSpec;
+use piper_planner::run_plan::RunPlan;
+use piper_planner::schedule::{Instr, instructions};
+
+use super::config::{AuxLossScope, RunConfig};
+use super::fingerprint::check_ranks_agree;
+use super::grads::{accumulate, clip_global_norm, parameters, reduce_gradients};
+use super::plan::{check_fits_machine, check_plan};
+use super::report::{StepMetrics, peak_rss_bytes};
+use crate::corpus::Corpus;
+use crate::dispatcher::exchange::ExchangeGroup;
+use crate::dispatcher::{AllToAllDispatcher, ExpertPlacement, LocalDispatcher, SharedComm, TokenDispatcher};
+use crate::lm::{CausalLm, CausalLmConfig};
+
+/// Everything a run needs besides its data.
+pub struct Job<'a> {
+    pub spec: &'a ModelSpec,
+    /// The Burn model of `spec` (built by the models crate).
+    pub model: &'a CausalLmConfig,
+    pub run: &'a RunConfig,
+    pub plan: &'a RunPlan,
+    pub world: &'a dyn Communicator,
+    pub topo: &'a Topology,
+    pub device: &'a Device,
+    /// Model FLOPs per token (the planner's count) and the measured peak FLOP/s of one rank: the basis
+    /// of the MFU the metrics report.
+    pub flops_per_token: f64,
+    pub peak_flops: f64,
+}
+
+/// What a run leaves: this rank's part of the model, the metrics of every step, each rank's peak RSS.
+pub struct Trained {
+    pub model: CausalLm,
+    pub metrics: Vec<StepMetrics>,
+    pub peak_rss_bytes: Vec<u64>,
+    /// Expert placement per MoE layer of the whole model.
+    pub placements: Vec<ExpertPlacement>,
+}
+
+/// What a forward left for its backward.
+struct Saved {
+    input: Option<Tensor<3>>,
+    output: Tensor<3>,
+    /// Last stage: the scaled loss; other stages: the router-loss term of the stage's layers.
+    local_loss: Option<Tensor<1>>,
+}
+
+fn to_bytes(t: Tensor<3>) -> Result<Vec<u8>, String> {
+    let v: Vec<f32> = t.into_data().convert::<f32>().try_into_vec::<f32>().map_err(|e| format!("{e:?}"))?;
+    Ok(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+}
+
+fn from_bytes(b: &[u8], shape: [usize; 3], device: &Device) -> Tensor<3> {
+    let v: Vec<f32> = b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    Tensor::from_data(TensorData::new(v, shape), device)
+}
+
+fn scalar(t: Tensor<1>) -> Result<f32, String> {
+    t.into_data().convert::<f32>().try_into_vec::<f32>().map(|v| v[0]).map_err(|e| format!("{e:?}"))
+}
+
+impl Job<'_> {
+    /// Checks the job before any allocation: the plan against the run, model and ranks; the model config
+    /// against the spec; the data against the vocabulary; the memory the plan needs against this machine.
+    /// [`execute`] calls it first; callers may call it earlier (before printing anything).
+    pub fn check(&self, corpus: &dyn Corpus) -> Result<(), String> {
+        check_job(self, corpus)
+    }
+}
+
+fn check_job(job: &Job, corpus: &dyn Corpus) -> Result<(), String> {
+    check_plan(job.plan, job.spec, job.run, job.world.size())?;
+    if job.model.layers.len() as u64 != job.spec.num_layers {
+        return Err(format!(
+            "the Burn model has {} layers but the spec {} has {}",
+            job.model.layers.len(),
+            job.spec.name,
+            job.spec.num_layers
+        ));
+    }
+    if corpus.vocab_size() > job.model.vocab_size {
+        return Err(format!(
+            "the data uses {} token ids but the model's vocabulary has {}",
+            corpus.vocab_size(),
+            job.model.vocab_size
+        ));
+    }
+    if job.topo.world_size() != job.world.size() {
+        return Err(format!(
+            "the topology describes {} ranks but the job has {}",
+            job.topo.world_size(),
+            job.world.size()
+        ));
+    }
+    let me = job.world.rank();
+    let on_node = job.topo.node_of.iter().filter(|n| **n == job.topo.node_of[me]).count();
+    check_fits_machine(job.plan, on_node)
+}
+
+/// Runs the plan: `job.run.steps` optimizer steps on this rank's part of the model. Every rank gets the
+/// same metrics; `on_step` sees each step's.
+pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&StepMetrics)) -> Result<Trained, String> {
+    check_job(job, corpus)?;
+    let (run, plan, world) = (job.run, job.plan, job.world);
+    let json = |v: Result<String, serde_json::Error>| v.map_err(|e| format!("fingerprint: {e}"));
+    let mut run_no_seed = run.clone();
+    run_no_seed.seed = 0;
+    check_ranks_agree(
+        world,
+        &[
+            ("model", json(serde_json::to_string(job.model))?),
+            ("run configuration", json(serde_json::to_string(&run_no_seed))?),
+            ("seed", run.seed.to_string()),
+            ("plan", json(serde_json::to_string(plan))?),
+            ("data", corpus.describe()),
+        ],
+    )?;
+
+    let layout = plan.layout();
+    let (ep, dp, m) = (layout.ep as usize, layout.dp as usize, plan.num_micro_batches as usize);
+    let replicas = ep * dp;
+    let rank = world.rank();
+    let (stage, dp_rank, ep_rank) = {
+        let (s, d, e) = layout.coords(rank as u64);
+        (s as usize, d as usize, e as usize)
+    };
+    let stage_plan = &plan.stages[stage];
+    let layers = stage_plan.first_layer as usize..(stage_plan.first_layer + stage_plan.num_layers) as usize;
+    let is_last = stage + 1 == layout.pp as usize;
+
+    // Groups: the stage (non-expert gradients, the layer's load), the expert group (all-to-all), the
+    // expert-data-parallel group (expert gradients).
+    let split = |color: usize, name: String| world.split(color as u64, rank as u64, &name).map_err(|e| e.to_string());
+    let stage_comm = SharedComm::new(split(stage, format!("stage {stage}"))?);
+    let expert_comm = split(stage * dp + dp_rank, format!("expert group {dp_rank} of stage {stage}"))?;
+    let expert_dp_comm = split(stage * ep + ep_rank, format!("expert data-parallel group {ep_rank} of stage {stage}"))?;
+    let share_load = run.aux_loss_scope == AuxLossScope::Global && replicas > 1;
+    let placement = ExpertPlacement::new(plan.expert_placement.iter().map(|r| *r as usize).collect(), ep)?;
+    let dispatcher: Option<Arc<dyn TokenDispatcher>> = if ep > 1 {
+        Some(Arc::new(AllToAllDispatcher {
+            group: ExchangeGroup::new(SharedComm::new(expert_comm), Arc::new(job.topo.clone()), plan.all_to_all),
+            local_experts: placement.local_experts(),
+            layer_group: share_load.then(|| stage_comm.clone()),
+        }))
+    } else if share_load {
+        Some(Arc::new(LocalDispatcher { layer_group: Some(stage_comm.clone()) }))
+    } else {
+        None
+    };
+
+    let device = job.device.clone().autodiff();
+    let model_config = CausalLmConfig { aux_loss_coef: run.aux_loss_coef, ..job.model.clone() };
+    let mut model: CausalLm = {
+        let _one_at_a_time = crate::init_lock();
+        device.seed(run.seed);
+        model_config.init(&device)
+    };
+    let num_moe_total = model.num_moe_layers();
+    let experts = placement.num_experts();
+    // Index (among the model's MoE layers) of this stage's first MoE layer.
+    let first_moe = model.layers[..layers.start].iter().filter(|l| l.moe.is_some()).count();
+    model.layers = model.layers.drain(layers.clone()).collect();
+    if let Some(d) = &dispatcher {
+        for layer in model.layers.iter_mut() {
+            if let Some(block) = layer.moe.take() {
+                layer.moe = Some(block.with_routing(d.clone(), placement.clone(), ep_rank));
+            }
+        }
+    }
+    let stage_moe = model.num_moe_layers();
+    let mut optim = AdamWConfig::new().with_beta_2(0.95).with_weight_decay(run.weight_decay as f32).init();
+
+    let local_batch = run.global_batch / replicas;
+    let mbs = local_batch / m;
+    let seq = run.seq_len;
+    let d_model = model_config.d_model;
+    let scale = 1.0 / (replicas * m) as f64;
+    let (prev, next) = (rank.wrapping_sub(replicas), rank + replicas);
+    let stream = instructions(plan.schedule, stage as u64, layout.pp, m as u64);
+    let tokens_per_step = (run.global_batch * seq) as f64;
+    let data_rank = dp_rank * ep + ep_rank;
+    let act_bytes = mbs * seq * d_model * 4;
+    let mut all = Vec::new();
+    for step in 0..run.steps {
+        let start = Instant::now();
+        let ids = corpus.batch(run.global_batch, seq + 1);
+        let params = parameters(&model);
+        let mut batches: Vec<Option<Tensor<2, Int>>> = vec![None; m];
+        let mut inputs: Vec<Option<Tensor<3>>> = vec![None; m];
+        let mut out_grads: Vec<Option<Tensor<3>>> = vec![None; m];
+        let mut in_grads: Vec<Option<Tensor<3>>> = vec![None; m];
+        let mut saved: Vec<Option<Saved>> = (0..m).map(|_| None).collect();
+        let mut sends: Vec<Box<dyn Pending>> = Vec::new();
+        let mut acc: Option<GradientsParams> = None;
+        let (mut ce_sum, mut router_sum) = (0.0f32, 0.0f32);
+        // Tokens per expert of every MoE layer of the model (this stage's layers filled), over the step.
+        let mut load = vec![0.0f32; num_moe_total * experts];
+        let (mut busy, mut makespan, mut grad_norm) = (0.0f64, 0.0f64, 0.0f64);
+        let pipeline_start = Instant::now();
+        for instr in &stream {
+            let t = Instant::now();
+            let mut waited = 0.0;
+            match *instr {
+                Instr::LoadMicroBatch(i) => {
+                    // Micro-batch i of the step is rows [i·R·mbs, (i + 1)·R·mbs) of the global batch,
+                    // split over the R = EP·DP replicas: the same sequences whatever the layout, so a
+                    // layout equals one process with the same micro-batch count (the load-balancing
+                    // loss sees one micro-batch at a time, as in Megatron).
+                    let i = i as usize;
+                    let first_row = (i * replicas + data_rank) * mbs;
+                    let rows = ids[first_row * (seq + 1)..(first_row + mbs) * (seq + 1)].to_vec();
+                    batches[i] = Some(Tensor::from_data(TensorData::new(rows, [mbs, seq + 1]), &device));
+                }
+                Instr::RecvActivation(i) => {
+                    let i = i as usize;
+                    let op = format!("stage {stage} receive activations of micro-batch {i}");
+                    let pending = world.irecv(prev, (2 * i) as u32, act_bytes).map_err(|e| e.to_string())?;
+                    let got = wait_all(world, vec![pending], &op).map_err(|e| e.to_string())?;
+                    waited = t.elapsed().as_secs_f64();
+                    inputs[i] = Some(from_bytes(&got[0], [mbs, seq, d_model], &device).require_grad());
+                }
+                Instr::Forward(i) => {
+                    let i = i as usize;
+                    if let Some(d) = &dispatcher {
+                        d.begin_forward();
+                    }
+                    let input = inputs[i].take();
+                    let x = match &input {
+                        Some(x) => x.clone(),
+                        None => {
+                            let ids = batches[i].clone().ok_or("schedule bug: forward before its micro-batch")?;
+                            model.embed_tokens(ids.narrow(1, 0, seq))
+                        }
+                    };
+                    let (out, moe) = model.forward_layers(x, 0..model.layers.len());
+                    for (j, s) in moe.iter().enumerate() {
+                        let row = &mut load[(first_moe + j) * experts..(first_moe + j + 1) * experts];
+                        for (a, c) in row.iter_mut().zip(&s.tokens_per_expert) {
+                            *a += *c as f32;
+                        }
+                    }
+                    let router = model.router_losses(&moe, num_moe_total).map(|r| r * scale);
+                    if let Some(r) = &router {
+                        router_sum += scalar(r.clone())?;
+                    }
+                    let local_loss = if is_last {
+                        let ids = batches[i].take().ok_or("schedule bug: the last stage has no targets")?;
+                        let ce = model.cross_entropy(model.head(out.clone()), ids.narrow(1, 1, seq));
+                        ce_sum += scalar(ce.clone())?;
+                        Some(match router {
+                            Some(r) => ce * scale + r,
+                            None => ce * scale,
+                        })
+                    } else {
+                        router
+                    };
+                    saved[i] = Some(Saved { input, output: out, local_loss });
+                }
+                Instr::SendActivation(i) => {
+                    let i = i as usize;
+                    let out = saved[i].as_ref().ok_or("schedule bug: send before forward")?.output.clone();
+                    sends.push(world.isend(next, (2 * i) as u32, to_bytes(out.detach())?).map_err(|e| e.to_string())?);
+                }
+                Instr::RecvGrad(i) => {
+                    let i = i as usize;
+                    let op = format!("stage {stage} receive gradients of micro-batch {i}");
+                    let pending = world.irecv(next, (2 * i + 1) as u32, act_bytes).map_err(|e| e.to_string())?;
+                    let got = wait_all(world, vec![pending], &op).map_err(|e| e.to_string())?;
+                    waited = t.elapsed().as_secs_f64();
+                    out_grads[i] = Some(from_bytes(&got[0], [mbs, seq, d_model], &device));
+                }
+                Instr::Backward(i) => {
+                    let i = i as usize;
+                    let s = saved[i].take().ok_or("schedule bug: backward before forward")?;
+                    let objective = match out_grads[i].take() {
+                        // The vector-Jacobian product of the stage's output with the received gradient.
+                        Some(g) => {
+                            let vjp = (s.output * g).sum();
+                            match s.local_loss {
+                                Some(r) => vjp + r,
+                                None => vjp,
+                            }
+                        }
+                        None => s.local_loss.ok_or("schedule bug: a middle stage's backward without a gradient")?,
+                    };
+                    let grads = objective.backward();
+                    if let Some(x) = &s.input {
+                        let gx = x.grad(&grads).ok_or("the stage input got no gradient")?;
+                        in_grads[i] = Some(Tensor::from_data(gx.into_data(), &device));
+                    }
+                    accumulate(&mut acc, GradientsParams::from_grads(grads, &model), &params)?;
+                }
+                Instr::SendGrad(i) => {
+                    let i = i as usize;
+                    let g = in_grads[i].take().ok_or("schedule bug: send of a gradient not computed")?;
+                    sends.push(world.isend(prev, (2 * i + 1) as u32, to_bytes(g)?).map_err(|e| e.to_string())?);
+                }
+                Instr::ReduceGrads => {
+                    makespan = pipeline_start.elapsed().as_secs_f64();
+                    wait_all(world, std::mem::take(&mut sends), &format!("stage {stage} pipeline sends"))
+                        .map_err(|e| e.to_string())?;
+                    let grads = acc.get_or_insert_with(GradientsParams::new);
+                    reduce_gradients(grads, &params, stage_comm.get(), expert_dp_comm.as_ref())?;
+                    grad_norm = clip_global_norm(grads, &params, run.grad_clip, world, replicas, dp)?;
+                }
+                Instr::OptimizerStep => {
+                    let grads = acc.take().unwrap_or_default();
+                    model = optim.step(run.learning_rate(step), model, grads);
+                }
+            }
+            if !matches!(instr, Instr::ReduceGrads | Instr::OptimizerStep) {
+                busy += t.elapsed().as_secs_f64() - waited;
+            }
+        }
+        // One all-reduce over the world: losses, busy fraction, and every layer's tokens per expert.
+        let mut sums = vec![ce_sum / m as f32, router_sum, (1.0 - busy / makespan.max(1e-12)) as f32];
+        sums.extend_from_slice(&load);
+        world.all_reduce_sum_f32(&mut sums, "loss and load all-reduce").map_err(|e| e.to_string())?;
+        let loss = sums[0] as f64 / replicas as f64;
+        if !loss.is_finite() {
+            return Err(format!("step {step}: the loss is {loss}; lower --lr"));
+        }
+        let counts: Vec<Vec<usize>> =
+            sums[3..].chunks(experts.max(1)).map(|c| c.iter().map(|x| x.round() as usize).collect()).collect();
+        let mine_counts = &counts[first_moe..first_moe + stage_moe];
+        model = model.update_router_biases(mine_counts, run.bias_update_rate);
+        let max_mean = |v: &[usize]| {
+            let mean = v.iter().sum::<usize>() as f64 / v.len().max(1) as f64;
+            if mean == 0.0 { 1.0 } else { *v.iter().max().unwrap_or(&0) as f64 / mean }
+        };
+        let dt = start.elapsed().as_secs_f64();
+        let flops_per_s = job.flops_per_token * tokens_per_step / dt;
+        let metrics = StepMetrics {
+            step,
+            loss,
+            total_loss: loss + sums[1] as f64,
+            lr: run.learning_rate(step),
+            grad_norm,
+            tokens_per_s: tokens_per_step / dt,
+            flops_per_s,
+            mfu: flops_per_s / (job.peak_flops * world.size() as f64),
+            expert_load: counts.iter().map(|c| max_mean(c)).collect(),
+            rank_load_max_mean: counts.iter().map(|c| max_mean(&placement.rank_load(c))).collect(),
+            step_time_s: dt,
+            bubble: (layout.pp > 1).then(|| sums[2] as f64 / world.size() as f64),
+        };
+        on_step(&metrics);
+        all.push(metrics);
+    }
+    let rss = piper_comm::collectives::all_gather(world, &[peak_rss_bytes()], "peak memory gather")
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|v| v[0])
+        .collect();
+    Ok(Trained { model, metrics: all, peak_rss_bytes: rss, placements: vec![placement; num_moe_total] })
+}

@@ -1,0 +1,209 @@
+//! Where a run's plan comes from — a plan file (`piper plan --out`), the planner in memory (`--plan
+//! auto`), or layout flags priced by the planner — and the checks that the plan fits the run, the model,
+//! the job's ranks and the machine, before any work starts. Every path ends in one
+//! [`RunPlan`], which the executor runs.
+
+use piper_planner::comm::A2aAlgo;
+use piper_planner::layout::{Layout, Recompute, Schedule, StageSplit, TrainConfig};
+use piper_planner::model::ModelSpec;
+use piper_planner::planner::{EpDomain, PlanRequest, plan, price};
+use piper_planner::platform::Platform;
+use piper_planner::run_plan::RunPlan;
+
+use super::config::RunConfig;
+
+/// Largest micro-batch count: each micro-batch takes two point-to-point tags.
+pub const MAX_MICRO_BATCHES: usize = (piper_comm::communicator::MAX_USER_TAG as usize + 1) / 2;
+
+/// A layout given by flags (`--pp --ep --dp --micro-batches --schedule --split --all-to-all`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayoutFlags {
+    pub layout: Layout,
+    pub micro_batches: usize,
+    pub schedule: Schedule,
+    /// Layers per stage (`None`: the even split).
+    pub split: Option<StageSplit>,
+    pub all_to_all: A2aAlgo,
+}
+
+impl LayoutFlags {
+    /// One process: PP = EP = DP = 1, one micro-batch.
+    pub fn single() -> Self {
+        LayoutFlags {
+            layout: Layout { pp: 1, ep: 1, dp: 1 },
+            micro_batches: 1,
+            schedule: Schedule::OneFOneB,
+            split: None,
+            all_to_all: A2aAlgo::Flat,
+        }
+    }
+}
+
+/// The planner's view of a run: f32 weights, gradients and AdamW moments (4 + 4 + 8 bytes per
+/// parameter), no recomputation, and attention that keeps its s × s scores (the runtime's attention
+/// is not flash attention).
+fn train_config(run: &RunConfig, micro_batch_size: u64, micro_batches: u64, schedule: Schedule) -> TrainConfig {
+    TrainConfig {
+        micro_batch_size,
+        num_micro_batches: micro_batches,
+        schedule,
+        recompute: Recompute::None,
+        dtype: "fp32".into(),
+        weight_bytes: 4.0,
+        grad_bytes: 4.0,
+        optimizer_bytes: 8.0,
+        flash_attention: false,
+        ..TrainConfig::new(run.seq_len as u64)
+    }
+}
+
+/// The plan for a layout given by flags, priced by the planner on `platform` (its predictions are what
+/// the run reports as "predicted").
+pub fn plan_from_flags(
+    spec: &ModelSpec,
+    platform: &Platform,
+    run: &RunConfig,
+    flags: &LayoutFlags,
+    ranks: usize,
+) -> Result<RunPlan, String> {
+    run.validate()?;
+    let l = flags.layout;
+    for (flag, v) in [("--pp", l.pp), ("--ep", l.ep), ("--dp", l.dp)] {
+        if v == 0 {
+            return Err(format!("{flag} must be ≥ 1"));
+        }
+    }
+    let product = l.pp.checked_mul(l.ep).and_then(|x| x.checked_mul(l.dp));
+    if product != Some(ranks as u64) {
+        return Err(format!(
+            "--pp {} × --ep {} × --dp {} = {} ranks, but the job has {ranks}; launch with mpirun -np {}",
+            l.pp,
+            l.ep,
+            l.dp,
+            product.map_or("too many".into(), |p| p.to_string()),
+            product.map_or("?".into(), |p| p.to_string())
+        ));
+    }
+    if !(1..=MAX_MICRO_BATCHES).contains(&flags.micro_batches) {
+        return Err(format!("--micro-batches is {}; it must be in 1..={MAX_MICRO_BATCHES}", flags.micro_batches));
+    }
+    l.validate(spec, Some(ranks as u64)).map_err(|e| e.to_string())?;
+    let per_step = (l.ep * l.dp) as usize * flags.micro_batches;
+    if !run.global_batch.is_multiple_of(per_step) {
+        return Err(format!(
+            "--batch-size {} must be divisible by EP·DP·micro-batches = {}·{}·{} = {per_step} (each rank's micro-batches are equal)",
+            run.global_batch, l.ep, l.dp, flags.micro_batches
+        ));
+    }
+    let split = flags.split.clone().unwrap_or_else(|| StageSplit::even(spec.num_layers, l.pp));
+    let cfg = train_config(run, (run.global_batch / per_step) as u64, flags.micro_batches as u64, flags.schedule);
+    let candidate = price(spec, platform, &l, &cfg, flags.all_to_all, &split).map_err(|e| e.to_string())?;
+    Ok(RunPlan::from_candidate(spec, &platform.name, run.seq_len as u64, "fp32", &candidate))
+}
+
+/// `--plan auto`: the planner's best layout for `ranks` ranks among those the runtime executes (any PP ×
+/// EP × DP, micro-batch count and schedule, f32, no recomputation).
+pub fn plan_auto(spec: &ModelSpec, platform: &Platform, run: &RunConfig, ranks: usize) -> Result<RunPlan, String> {
+    run.validate()?;
+    let mut req = PlanRequest::new(ranks as u64, run.global_batch as u64, run.seq_len as u64);
+    let base = train_config(run, 1, 1, Schedule::OneFOneB);
+    req.base = base;
+    req.schedules = vec![Schedule::OneFOneB, Schedule::GPipe];
+    req.recomputes = vec![Recompute::None];
+    req.algos = vec![A2aAlgo::Flat, A2aAlgo::Halo];
+    req.ep_domain = EpDomain::Any;
+    req.micro_batch_sizes =
+        (1..=run.global_batch as u64).filter(|m| (run.global_batch as u64).is_multiple_of(*m)).collect();
+    req.top = usize::MAX;
+    let report = plan(spec, platform, &req).map_err(|e| e.to_string())?;
+    let best =
+        report.plans.into_iter().find(|c| c.num_micro_batches as usize <= MAX_MICRO_BATCHES).ok_or_else(|| {
+            let reasons: Vec<String> = report.rejected.iter().map(|r| r.reason.clone()).collect();
+            format!("--plan auto: no executable layout for {ranks} ranks ({})", reasons.join("; "))
+        })?;
+    Ok(RunPlan::from_candidate(spec, &platform.name, run.seq_len as u64, "fp32", &best))
+}
+
+/// Checks that `plan` is one this run can execute: the plan's own consistency, then its model,
+/// sequence length, batch, rank count, dtype and recomputation against the run. One line, naming the
+/// field, for the first mismatch.
+pub fn check_plan(plan: &RunPlan, spec: &ModelSpec, run: &RunConfig, ranks: usize) -> Result<(), String> {
+    run.validate()?;
+    plan.validate("plan").map_err(|e| e.to_string())?;
+    if plan.model != spec.name {
+        return Err(format!(
+            "plan: `model` is `{}` but the run trains `{}`; pass --preset {} or re-plan for this model",
+            plan.model, spec.name, plan.model
+        ));
+    }
+    if plan.split().0.iter().sum::<u64>() != spec.num_layers {
+        return Err(format!(
+            "plan: `stages` cover {:?} layers but {} has {}",
+            plan.split().0,
+            spec.name,
+            spec.num_layers
+        ));
+    }
+    if plan.expert_placement.len() as u64 != spec.num_experts() {
+        return Err(format!(
+            "plan: `expert_placement` places {} experts but {} has {}",
+            plan.expert_placement.len(),
+            spec.name,
+            spec.num_experts()
+        ));
+    }
+    if plan.seq_len != run.seq_len as u64 {
+        return Err(format!("plan: `seq_len` is {} but --seq-len is {}", plan.seq_len, run.seq_len));
+    }
+    if plan.global_batch != run.global_batch as u64 {
+        return Err(format!("plan: `global_batch` is {} but --batch-size is {}", plan.global_batch, run.global_batch));
+    }
+    if plan.gpus != ranks as u64 {
+        return Err(format!(
+            "plan: `gpus` is {} but the job has {ranks} ranks; launch with mpirun -np {}",
+            plan.gpus, plan.gpus
+        ));
+    }
+    if plan.dtype != "fp32" {
+        return Err(format!(
+            "plan: `dtype` is `{}`; the runtime trains in fp32 — re-plan with --dtype fp32",
+            plan.dtype
+        ));
+    }
+    if plan.recompute != Recompute::None {
+        return Err(format!(
+            "plan: `recompute` is `{}`; the runtime does not recompute activations yet — re-plan with --recompute none",
+            plan.recompute.name()
+        ));
+    }
+    if plan.num_micro_batches as usize > MAX_MICRO_BATCHES {
+        return Err(format!("plan: `num_micro_batches` is {}; at most {MAX_MICRO_BATCHES}", plan.num_micro_batches));
+    }
+    Ok(())
+}
+
+/// Refuses a plan whose predicted memory per rank, times the ranks on this node, exceeds the machine's
+/// memory (`/proc/meminfo`; skipped where it cannot be read).
+pub fn check_fits_machine(plan: &RunPlan, ranks_on_node: usize) -> Result<(), String> {
+    let Some(total) = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("MemTotal:"))?.split_whitespace().nth(1)?.parse::<f64>().ok())
+    else {
+        return Ok(());
+    };
+    let total_bytes = total * 1024.0;
+    let per_rank = plan.predicted.peak_memory_bytes();
+    let need = per_rank * ranks_on_node as f64;
+    if need > total_bytes {
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        return Err(format!(
+            "--seq-len {} / --batch-size {}: the plan predicts {:.1} GiB per rank × {ranks_on_node} ranks on this node = {:.1} GiB, more than this machine's {:.1} GiB; use a shorter --seq-len, a smaller --batch-size or more micro-batches",
+            plan.seq_len,
+            plan.global_batch,
+            gib(per_rank),
+            gib(need),
+            gib(total_bytes)
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! The runtime on in-process ranks (threads, the real exchange code): every layout of the plan — EP,
+//! EP × DP (HALO across emulated nodes), DP, PP with 1F1B and GPipe, PP × EP, PP × DP — trains the same
+//! model as one process, with default flags (global load-balancing loss, global-norm clipping), to 1e-4
+//! relative per step; a plan file drives a run; bad plans and disagreeing ranks are refused before any
+//! work. (The multi-process versions run `mixtral_train` under mpirun: tests/parallel_mpirun.rs.)
+
+use burn::prelude::*;
+use piper::comm::{Communicator, LocalComm, LocalWorld, Topology};
+use piper::models::lm_config;
+use piper::modules::corpus::Grammar;
+use piper::modules::runtime::{self, Job, LayoutFlags, RunConfig, StepMetrics};
+use piper::planner::comm::A2aAlgo;
+use piper::planner::layout::{Layout, Schedule};
+use piper::planner::model::preset;
+use piper::planner::run_plan::RunPlan;
+use piper::testing::assert_close;
+
+fn config() -> RunConfig {
+    RunConfig::new().with_steps(8).with_global_batch(8).with_seq_len(15).with_lr(1e-2).with_warmup_steps(2).with_seed(5)
+}
+
+fn flags(pp: u64, ep: u64, dp: u64, m: usize, schedule: Schedule, algo: A2aAlgo) -> LayoutFlags {
+    LayoutFlags { layout: Layout { pp, ep, dp }, micro_batches: m, schedule, split: None, all_to_all: algo }
+}
+
+fn plan_for(flags: &LayoutFlags, ranks: usize, run: &RunConfig) -> Result<RunPlan, String> {
+    let spec = preset("tiny").unwrap();
+    let platform = piper::planner::platform::preset("local").unwrap();
+    runtime::plan_from_flags(&spec, &platform, run, flags, ranks)
+}
+
+fn train(
+    world: &dyn Communicator,
+    plan: &RunPlan,
+    run: &RunConfig,
+    per_node: usize,
+) -> Result<Vec<StepMetrics>, String> {
+    let spec = preset("tiny").unwrap();
+    let model = lm_config(&spec).unwrap();
+    let topo = Topology::uniform(world.size(), per_node).unwrap();
+    let device = Device::flex();
+    let job = Job {
+        spec: &spec,
+        model: &model,
+        run,
+        plan,
+        world,
+        topo: &topo,
+        device: &device,
+        flops_per_token: 1.0,
+        peak_flops: 1.0,
+    };
+    let mut corpus = Grammar::new(32, 3, 9);
+    runtime::execute(&job, &mut corpus, |_| {}).map(|t| t.metrics)
+}
+
+fn losses(metrics: &[StepMetrics]) -> Vec<f64> {
+    metrics.iter().map(|m| m.loss).collect()
+}
+
+/// One process with `m` micro-batches (gradient accumulation): what a layout with `m` micro-batches equals.
+fn one_process_m(run: &RunConfig, m: usize) -> Vec<f64> {
+    let plan = plan_for(&LayoutFlags { micro_batches: m, ..LayoutFlags::single() }, 1, run).unwrap();
+    losses(&train(&LocalComm::single(), &plan, run, 1).unwrap())
+}
+
+fn one_process(run: &RunConfig) -> Vec<f64> {
+    one_process_m(run, 1)
+}
+
+#[test]
+fn micro_batches_only_change_what_the_load_balancing_loss_sees() {
+    // Without the load-balancing loss, gradient accumulation over 4 micro-batches is the full batch.
+    let run = config().with_aux_loss_coef(0.0);
+    let worst = assert_close("M=4 vs M=1, no aux loss", &one_process_m(&run, 4), &one_process(&run), 1e-5);
+    eprintln!("M=4 vs M=1 without the aux loss: {worst:e}");
+}
+
+#[test]
+fn one_process_learns_and_the_same_seed_gives_the_same_losses() {
+    let run = config().with_steps(20);
+    let a = one_process(&run);
+    assert_eq!(a.len(), 20);
+    assert!(a[19] < a[0] - 0.5, "the loss must fall: {a:?}");
+    assert_eq!(a, one_process(&run));
+    assert_ne!(a[1..], one_process(&run.clone().with_seed(6))[1..]);
+}
+
+#[test]
+fn every_layout_equals_one_process_with_default_flags() {
+    let run = config();
+    let cases = [
+        (flags(1, 4, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), 2),
+        (flags(1, 2, 2, 1, Schedule::OneFOneB, A2aAlgo::Halo), 1), // expert groups across two "nodes"
+        (flags(1, 2, 2, 1, Schedule::OneFOneB, A2aAlgo::Pairwise), 2),
+        (flags(1, 1, 4, 1, Schedule::OneFOneB, A2aAlgo::Flat), 2),
+        (flags(2, 1, 1, 4, Schedule::OneFOneB, A2aAlgo::Flat), 2),
+        (flags(2, 1, 1, 2, Schedule::GPipe, A2aAlgo::Flat), 2),
+        (flags(2, 2, 1, 2, Schedule::OneFOneB, A2aAlgo::Flat), 2),
+        (flags(2, 1, 2, 2, Schedule::OneFOneB, A2aAlgo::Flat), 2),
+    ];
+    for (f, per_node) in cases {
+        let ranks = f.layout.gpus() as usize;
+        let plan = plan_for(&f, ranks, &run).unwrap();
+        let runs = LocalWorld::run(ranks, |c| losses(&train(&c, &plan, &run, per_node).unwrap()));
+        for r in &runs {
+            assert_eq!(r, &runs[0], "every rank reports the same losses");
+        }
+        let single = one_process_m(&run, f.micro_batches);
+        let worst = assert_close(&format!("{:?}", f), &runs[0], &single, 1e-4);
+        eprintln!(
+            "{:?} M={} {:?} {:?}: worst relative difference {worst:e}",
+            f.layout, f.micro_batches, f.schedule, f.all_to_all
+        );
+    }
+}
+
+#[test]
+fn a_plan_file_drives_the_run() {
+    let run = config().with_steps(4);
+    let plan = plan_for(&flags(2, 2, 1, 2, Schedule::OneFOneB, A2aAlgo::Flat), 4, &run).unwrap();
+    let path = std::env::temp_dir().join(format!("piper-plan-{}.json", std::process::id()));
+    std::fs::write(&path, serde_json::to_string_pretty(&plan).unwrap()).unwrap();
+    let loaded = RunPlan::load(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(loaded, plan);
+    let from_file = LocalWorld::run(4, |c| losses(&train(&c, &loaded, &run, 2).unwrap()));
+    let from_flags = LocalWorld::run(4, |c| losses(&train(&c, &plan, &run, 2).unwrap()));
+    assert_eq!(from_file, from_flags);
+}
+
+#[test]
+fn plans_that_do_not_fit_the_run_are_refused_naming_the_field() {
+    let run = config();
+    let plan = plan_for(&flags(1, 2, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), 2, &run).unwrap();
+    let refusal = |p: &RunPlan, r: &RunConfig, ranks: usize| {
+        LocalWorld::run(ranks, |c| train(&c, p, r, 2).err().expect("refused"))[0].clone()
+    };
+    assert!(refusal(&plan, &run, 4).contains("`gpus` is 2 but the job has 4 ranks"));
+    assert!(refusal(&plan, &run.clone().with_seq_len(31), 2).contains("`seq_len` is 15 but --seq-len is 31"));
+    assert!(
+        refusal(&plan, &run.clone().with_global_batch(16), 2).contains("`global_batch` is 8 but --batch-size is 16")
+    );
+    let mut other = plan.clone();
+    other.model = "tiny-qwen3".into();
+    assert!(refusal(&other, &run, 2).contains("`model` is `tiny-qwen3` but the run trains `tiny`"));
+    let mut recompute = plan.clone();
+    recompute.recompute = piper::planner::layout::Recompute::Full;
+    assert!(refusal(&recompute, &run, 2).contains("does not recompute"));
+    let mut bf16 = plan.clone();
+    bf16.dtype = "bf16".into();
+    assert!(refusal(&bf16, &run, 2).contains("trains in fp32"));
+    // Layout flags that cannot work.
+    let err = plan_for(&flags(1, 2, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), 4, &run).unwrap_err();
+    assert!(err.contains("--pp 1 × --ep 2 × --dp 1 = 2 ranks, but the job has 4"), "{err}");
+    let err = plan_for(&flags(1, 3, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), 3, &run).unwrap_err();
+    assert!(err.contains("`--ep` EP = 3 must divide the 8 routed experts"), "{err}");
+    let err = plan_for(&flags(2, 1, 1, 3, Schedule::OneFOneB, A2aAlgo::Flat), 2, &run).unwrap_err();
+    assert!(err.contains("--batch-size 8 must be divisible by EP·DP·micro-batches = 1·1·3"), "{err}");
+    let err = plan_for(&LayoutFlags::single(), 1, &run.clone().with_steps(0)).unwrap_err();
+    assert!(err.contains("--steps is 0"), "{err}");
+}
+
+#[test]
+fn ranks_that_disagree_are_stopped_before_the_first_step() {
+    let run = config().with_steps(2);
+    let plan = plan_for(&flags(1, 1, 2, 1, Schedule::OneFOneB, A2aAlgo::Flat), 2, &run).unwrap();
+    let errs = LocalWorld::run(2, |c| {
+        let mine = if c.rank() == 1 { run.clone().with_seed(99) } else { run.clone() };
+        train(&c, &plan, &mine, 2).err().expect("refused")
+    });
+    for e in errs {
+        assert!(e.contains("the seed of world rank(s) [1] differs from rank 0's"), "{e}");
+    }
+}
+
+#[test]
+fn metrics_report_the_load_per_expert_and_per_expert_rank() {
+    let run = config().with_steps(2);
+    let plan = plan_for(&flags(1, 2, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), 2, &run).unwrap();
+    let m = LocalWorld::run(2, |c| train(&c, &plan, &run, 2).unwrap()).remove(0);
+    // tiny: 2 MoE layers; max/mean over 8 experts and over 2 ranks is ≥ 1 and below the count.
+    for s in &m {
+        assert_eq!((s.expert_load.len(), s.rank_load_max_mean.len()), (2, 2));
+        assert!(s.expert_load.iter().all(|x| (1.0..=8.0).contains(x)), "{:?}", s.expert_load);
+        assert!(s.rank_load_max_mean.iter().all(|x| (1.0..=2.0).contains(x)), "{:?}", s.rank_load_max_mean);
+        assert!(s.rank_load_max_mean.iter().zip(&s.expert_load).all(|(r, e)| r <= e));
+    }
+}
