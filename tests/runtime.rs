@@ -187,3 +187,74 @@ fn metrics_report_the_load_per_expert_and_per_expert_rank() {
         assert!(s.rank_load_max_mean.iter().zip(&s.expert_load).all(|(r, e)| r <= e));
     }
 }
+
+mod expert_parallel_block {
+    use std::sync::Arc;
+
+    use burn::module::Param;
+    use burn::tensor::Distribution;
+    use piper::comm::{LocalWorld, Topology};
+    use piper::modules::dispatcher::exchange::ExchangeGroup;
+    use piper::modules::dispatcher::{AllToAllDispatcher, ExpertPlacement, SharedComm};
+    use piper::modules::moe::MoeBlockConfig;
+    use piper::modules::router::RouterConfig;
+    use piper::planner::comm::A2aAlgo;
+
+    use super::*;
+
+    fn values<const D: usize>(t: Tensor<D>) -> Vec<f64> {
+        t.into_data().convert::<f32>().try_into_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
+    }
+
+    /// An expert-parallel block (2 ranks) against the whole block on one rank: outputs and input
+    /// gradients, for a contiguous and a shuffled placement. With a zero router every token ties and
+    /// picks experts 0 and 1: under the contiguous placement rank 1's experts get no tokens and its rows of
+    /// the all-to-all are all empty.
+    #[test]
+    fn expert_parallel_blocks_equal_the_whole_block_including_ranks_without_tokens() {
+        for (placement, zero_router) in [(vec![0, 0, 1, 1], true), (vec![1, 0, 1, 0], false), (vec![1, 1, 0, 0], true)] {
+            let results = LocalWorld::run(2, |c| {
+                let device = Device::flex().autodiff();
+                let config = MoeBlockConfig::new(RouterConfig::new(8, 4, 2), 6);
+                let mut full = {
+                    let _one = piper::modules::init_lock();
+                    device.seed(1);
+                    let block = config.init(&device);
+                    let _ = (block.experts.w_gate_edf.val(), block.experts.w_up_edf.val(), block.experts.w_down_efd.val());
+                    let _ = block.router.gate.weight.val();
+                    block
+                };
+                if zero_router {
+                    full.router.gate.weight = Param::from_tensor(Tensor::zeros([8, 4], &device));
+                }
+                let x = {
+                    let _one = piper::modules::init_lock();
+                    device.seed(2);
+                    Tensor::<3>::random([1, 5, 8], Distribution::Normal(0.0, 1.0), &device)
+                };
+                let x = Tensor::<3>::from_data(x.into_data(), &device).require_grad();
+                let rank = c.rank();
+                let group = ExchangeGroup::new(
+                    SharedComm::new(Box::new(c)),
+                    Arc::new(Topology::uniform(2, 2).unwrap()),
+                    A2aAlgo::Flat,
+                );
+                let dispatcher = Arc::new(AllToAllDispatcher { group, local_experts: 2, layer_group: None });
+                let placement = ExpertPlacement::new(placement.clone(), 2).unwrap();
+                let sharded = full.clone().with_routing(dispatcher, placement, rank);
+                let (y_ep, stats) = sharded.forward(x.clone());
+                let g_ep = x.grad(&y_ep.clone().sum().backward()).unwrap();
+                let (y_one, _) = full.forward(x.clone());
+                let g_one = x.grad(&y_one.clone().sum().backward()).unwrap();
+                (values(y_ep), values(y_one), values(g_ep), values(g_one), stats.tokens_per_expert)
+            });
+            for (y_ep, y_one, g_ep, g_one, load) in results {
+                if zero_router {
+                    assert_eq!(load, vec![5, 5, 0, 0], "experts 2 and 3 get no tokens");
+                }
+                assert_close("outputs", &y_ep, &y_one, 1e-5);
+                assert_close("input gradients", &g_ep, &g_one, 1e-5);
+            }
+        }
+    }
+}

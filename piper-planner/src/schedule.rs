@@ -182,8 +182,9 @@ pub fn simulate(schedule: Schedule, m: u64, forward_s: &[f64], backward_s: &[f64
     }
     let makespan_s = clock.iter().copied().fold(0.0, f64::max);
     let busy_s: Vec<f64> = (0..pp).map(|s| m as f64 * (forward_s[s] + backward_s[s])).collect();
+    // Clamped: with no idle time, round-off in the sums can leave −2e-16.
     let bubble_fraction =
-        if makespan_s > 0.0 { 1.0 - busy_s.iter().sum::<f64>() / (pp as f64 * makespan_s) } else { 0.0 };
+        if makespan_s > 0.0 { (1.0 - busy_s.iter().sum::<f64>() / (pp as f64 * makespan_s)).max(0.0) } else { 0.0 };
     Simulation { makespan_s, busy_s, bubble_fraction }
 }
 
