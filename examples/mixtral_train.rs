@@ -59,7 +59,7 @@ fn device(backend: Backend) -> Result<burn::tensor::Device, String> {
 }
 
 fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), String> {
-    let ResolvedRun { spec, config, plan } = a.run.resolve(world.size())?;
+    let ResolvedRun { spec, platform, config, plan } = a.run.resolve(world.size())?;
     let mut model = lm_config(&spec).map_err(|e| e.to_string())?;
     model.zero_router = a.run.zero_router;
     let mut corpus = a.run.corpus(model.vocab_size)?;
@@ -68,7 +68,8 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), String> {
     let peak_flops = runtime::measure_peak_flops(&device);
     let flops_per_token = training_flops_per_token(&spec, config.seq_len as u64).total();
     let (spec, run, plan, topo, device) = (&spec, &config, &plan, &topo, &device);
-    let job = Job { spec, model: &model, run, plan, world, topo, device, flops_per_token, peak_flops };
+    let platform = &platform;
+    let job = Job { spec, model: &model, run, plan, world, topo, platform, device, flops_per_token, peak_flops };
     job.check(corpus.as_ref())?;
     let mut reporter = Reporter::new(a.run.report_options(), world.rank(), config.steps)?;
     for line in describe_run(spec, plan, &corpus.describe(), &format!("{:?}", a.backend), peak_flops) {
@@ -76,7 +77,7 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), String> {
     }
     let trained = runtime::execute(&job, corpus.as_mut(), |m| reporter.observe(m))?;
     reporter.finish()?;
-    let summary = RunSummary::new(plan, &trained.metrics, trained.peak_rss_bytes, flops_per_token);
+    let summary = RunSummary::new(plan, &trained, flops_per_token);
     if world.rank() == 0 {
         summary.plan_vs_measured().iter().for_each(|l| println!("{l}"));
         let best = corpus.best_loss();

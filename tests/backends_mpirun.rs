@@ -16,8 +16,21 @@ fn example() -> PathBuf {
 }
 
 const COMMON: &[&str] = &[
-    "--steps", "6", "--batch-size", "4", "--seq-len", "15", "--lr", "5e-3", "--warmup", "2", "--seed", "3", "--no-progress",
-    "--log-every", "0",
+    "--steps",
+    "6",
+    "--batch-size",
+    "4",
+    "--seq-len",
+    "15",
+    "--lr",
+    "5e-3",
+    "--warmup",
+    "2",
+    "--seed",
+    "3",
+    "--no-progress",
+    "--log-every",
+    "0",
 ];
 
 fn losses(path: &std::path::Path) -> Vec<f64> {

@@ -13,7 +13,7 @@ use piper::planner::comm::A2aAlgo;
 use piper::planner::layout::{Layout, Schedule};
 use piper::planner::model::preset;
 use piper::planner::run_plan::RunPlan;
-use piper::testing::assert_close;
+use piper::testing::{assert_close, assert_close_scaled};
 
 fn config() -> RunConfig {
     RunConfig::new().with_steps(8).with_global_batch(8).with_seq_len(15).with_lr(1e-2).with_warmup_steps(2).with_seed(5)
@@ -39,6 +39,7 @@ fn train(
     let model = lm_config(&spec).unwrap();
     let topo = Topology::uniform(world.size(), per_node).unwrap();
     let device = Device::flex();
+    let platform = piper::planner::platform::preset("local").unwrap();
     let job = Job {
         spec: &spec,
         model: &model,
@@ -46,6 +47,7 @@ fn train(
         plan,
         world,
         topo: &topo,
+        platform: &platform,
         device: &device,
         flops_per_token: 1.0,
         peak_flops: 1.0,
@@ -212,7 +214,8 @@ mod expert_parallel_block {
     /// the all-to-all are all empty.
     #[test]
     fn expert_parallel_blocks_equal_the_whole_block_including_ranks_without_tokens() {
-        for (placement, zero_router) in [(vec![0, 0, 1, 1], true), (vec![1, 0, 1, 0], false), (vec![1, 1, 0, 0], true)] {
+        for (placement, zero_router) in [(vec![0, 0, 1, 1], true), (vec![1, 0, 1, 0], false), (vec![1, 1, 0, 0], true)]
+        {
             let results = LocalWorld::run(2, |c| {
                 let device = Device::flex().autodiff();
                 let config = MoeBlockConfig::new(RouterConfig::new(8, 4, 2), 6);
@@ -220,7 +223,8 @@ mod expert_parallel_block {
                     let _one = piper::modules::init_lock();
                     device.seed(1);
                     let block = config.init(&device);
-                    let _ = (block.experts.w_gate_edf.val(), block.experts.w_up_edf.val(), block.experts.w_down_efd.val());
+                    let _ =
+                        (block.experts.w_gate_edf.val(), block.experts.w_up_edf.val(), block.experts.w_down_efd.val());
                     let _ = block.router.gate.weight.val();
                     block
                 };
@@ -254,6 +258,109 @@ mod expert_parallel_block {
                 }
                 assert_close("outputs", &y_ep, &y_one, 1e-5);
                 assert_close("input gradients", &g_ep, &g_one, 1e-5);
+            }
+        }
+    }
+}
+
+mod migration {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// This rank's expert weights (gate, up, down) by (MoE layer, expert id), read through the placement.
+    type Experts = BTreeMap<(usize, usize), Vec<f64>>;
+
+    fn run_with(
+        world: &dyn Communicator,
+        plan: &RunPlan,
+        run: &RunConfig,
+        zero_router: bool,
+    ) -> (Vec<StepMetrics>, Experts) {
+        let spec = preset("tiny").unwrap();
+        let mut model = lm_config(&spec).unwrap();
+        model.zero_router = zero_router;
+        let topo = Topology::uniform(world.size(), 2).unwrap();
+        let (device, platform) = (Device::flex(), piper::planner::platform::preset("local").unwrap());
+        let job = Job {
+            spec: &spec,
+            model: &model,
+            run,
+            plan,
+            world,
+            topo: &topo,
+            platform: &platform,
+            device: &device,
+            flops_per_token: 1.0,
+            peak_flops: 1.0,
+        };
+        let trained = runtime::execute(&job, &mut Grammar::new(32, 3, 9), |_| {}).unwrap();
+        let (stage, _, ep) = plan.layout().coords(world.rank() as u64);
+        let first_moe = plan.stages[stage as usize].first_layer as usize; // every layer of `tiny` is MoE
+        let mut experts = Experts::new();
+        for (j, block) in trained.model.layers.iter().filter_map(|l| l.moe.as_ref()).enumerate() {
+            let layer = first_moe + j;
+            let mine = trained.placements[layer].experts_of(ep as usize);
+            let ws = [block.experts.w_gate_edf.val(), block.experts.w_up_edf.val(), block.experts.w_down_efd.val()];
+            let host: Vec<Vec<f32>> =
+                ws.into_iter().map(|w| w.into_data().convert::<f32>().try_into_vec().unwrap()).collect();
+            for (slot, e) in mine.iter().enumerate() {
+                let mut v = Vec::new();
+                for h in &host {
+                    let per = h.len() / mine.len();
+                    v.extend(h[slot * per..(slot + 1) * per].iter().map(|x| *x as f64));
+                }
+                experts.insert((layer, *e), v);
+            }
+        }
+        (trained.metrics, experts)
+    }
+
+    /// Threshold 1 (any imbalance) and a check every 3 steps force migrations; the loss curve and the
+    /// final expert weights (gathered by expert id) equal the run without migration.
+    #[test]
+    fn forced_migrations_preserve_the_function() {
+        let base = config().with_steps(10);
+        for (f, zero_router) in [
+            (flags(1, 2, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), false),
+            (flags(1, 4, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), false),
+            (flags(2, 2, 1, 2, Schedule::OneFOneB, A2aAlgo::Flat), false),
+            (flags(1, 2, 2, 1, Schedule::OneFOneB, A2aAlgo::Halo), false),
+            // Every token on experts 0 and 1 at first: swaps with experts that got no tokens.
+            (flags(1, 4, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), true),
+        ] {
+            let ranks = f.layout.gpus() as usize;
+            let plan = plan_for(&f, ranks, &base).unwrap();
+            let off_run = base.clone().with_migration(false);
+            let on_run = base.clone().with_migration_threshold(Some(1.0)).with_migration_every(Some(3));
+            let off = LocalWorld::run(ranks, |c| run_with(&c, &plan, &off_run, zero_router));
+            let on = LocalWorld::run(ranks, |c| run_with(&c, &plan, &on_run, zero_router));
+            let events: Vec<_> =
+                on[0].0.iter().flat_map(|m| m.migration.iter().map(move |e| (m.step, e.clone()))).collect();
+            assert!(!events.is_empty(), "{f:?}: no migration happened");
+            for (_, e) in &events {
+                assert!(e.experts_moved > 0 && e.imbalance_after <= e.imbalance_before, "{e:?}");
+                assert!(e.seconds.is_finite() && e.predicted_seconds > 0.0, "{e:?}");
+            }
+            // With a zero router, later top-k ties break on round-off: compare the steps up to the
+            // first one after the first migration.
+            let upto = if zero_router { events[0].0 + 2 } else { base.steps };
+            let (l_on, l_off) = (losses(&on[0].0), losses(&off[0].0));
+            let worst = assert_close(&format!("{f:?} losses"), &l_on[..upto], &l_off[..upto], 1e-5);
+            eprintln!(
+                "{:?} zero_router={zero_router}: {} migrations, worst loss difference {worst:e}",
+                f.layout,
+                events.len()
+            );
+            if !zero_router {
+                let gather = |runs: &[(Vec<StepMetrics>, Experts)]| -> Experts {
+                    runs.iter().flat_map(|(_, e)| e.clone()).collect()
+                };
+                let (w_on, w_off) = (gather(&on), gather(&off));
+                assert_eq!(w_on.keys().collect::<Vec<_>>(), w_off.keys().collect::<Vec<_>>());
+                for (k, v) in &w_on {
+                    assert_close_scaled(&format!("{f:?} expert {k:?}"), v, &w_off[k], 1e-5);
+                }
             }
         }
     }

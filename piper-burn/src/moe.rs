@@ -123,6 +123,15 @@ impl MoeBlock {
         self
     }
 
+    /// Where this block's experts now live (after migration moved them; the weights must have moved
+    /// with it). A block without routing keeps every expert and ignores it.
+    pub fn set_placement(&mut self, placement: ExpertPlacement) {
+        if let Some(r) = self.routing.as_mut() {
+            r.positions = placement.positions();
+            r.placement = placement;
+        }
+    }
+
     /// # Shapes
     /// - `x_bsd`: `[b, s, d]` → `[b, s, d]`
     pub fn forward(&self, x_bsd: Tensor<3>) -> (Tensor<3>, MoeStats) {

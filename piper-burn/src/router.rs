@@ -69,6 +69,10 @@ pub struct Router {
     pub group_score: GroupScore,
     pub routed_scaling: f64,
     pub selection_bias: bool,
+    /// A fixed, untrained bias `[e]` on the logits that skews the routing (`--hot-experts`, a workload
+    /// for expert migration); `None` normally.
+    #[module(skip)]
+    pub skew_e: Option<Tensor<1>>,
 }
 
 /// What the router decided for a batch of tokens.
@@ -110,17 +114,30 @@ impl RouterConfig {
             group_score: self.group_score,
             routed_scaling: self.routed_scaling,
             selection_bias: self.selection_bias,
+            skew_e: None,
         }
     }
 }
 
 impl Router {
+    /// Makes experts `0..hot` draw about `factor` times their balanced share of tokens: adds `ln factor`
+    /// to their logits (a fixed bias, not trained).
+    pub fn with_hot_experts(mut self, hot: usize, factor: f64) -> Self {
+        let device = self.gate.weight.val().device();
+        let skew: Vec<f32> = (0..self.num_experts).map(|e| if e < hot { factor.ln() as f32 } else { 0.0 }).collect();
+        self.skew_e = Some(Tensor::from_data(TensorData::new(skew, [self.num_experts]), &device));
+        self
+    }
+
     /// # Shapes
     /// - `x_td`: `[t, d]`
     pub fn forward(&self, x_td: Tensor<2>) -> Routing {
         let [t, _] = x_td.dims();
         let (e, k) = (self.num_experts, self.top_k);
-        let logits_te = self.gate.forward(x_td);
+        let mut logits_te = self.gate.forward(x_td);
+        if let Some(skew_e) = &self.skew_e {
+            logits_te = logits_te + skew_e.clone().unsqueeze_dim(0);
+        }
         if matches!(self.scoring, Scoring::Softmax) && !self.selection_bias && self.topk_groups >= self.num_groups {
             // Plain softmax top-k (Mixtral, Qwen): the fused gating kernel.
             let scores_te = softmax(logits_te.clone(), 1);

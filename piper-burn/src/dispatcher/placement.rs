@@ -33,6 +33,47 @@ impl ExpertPlacement {
         Ok(ExpertPlacement { rank_of, slot_of, ranks })
     }
 
+    /// The placement after migration moved experts to `new_rank_of`: an expert that stays keeps its slot;
+    /// the slots an expert left are taken by the arriving experts, both in increasing order (every rank
+    /// computes the same slots from the same decision).
+    pub fn migrated(&self, new_rank_of: &[usize]) -> Result<Self, String> {
+        let fresh = ExpertPlacement::new(new_rank_of.to_vec(), self.ranks)?;
+        if fresh.num_experts() != self.num_experts() {
+            return Err(format!(
+                "migration: {} experts placed, the layer has {}",
+                fresh.num_experts(),
+                self.num_experts()
+            ));
+        }
+        let mut slot_of = vec![usize::MAX; self.num_experts()];
+        for r in 0..self.ranks {
+            let mut vacated: Vec<usize> = Vec::new();
+            for e in self.experts_of(r) {
+                if new_rank_of[e] == r {
+                    slot_of[e] = self.slot_of[e];
+                } else {
+                    vacated.push(self.slot_of[e]);
+                }
+            }
+            vacated.sort_unstable();
+            let arriving = (0..self.num_experts()).filter(|e| new_rank_of[*e] == r && self.rank_of[*e] != r);
+            for (e, slot) in arriving.zip(vacated) {
+                slot_of[e] = slot;
+            }
+        }
+        Ok(ExpertPlacement { rank_of: new_rank_of.to_vec(), slot_of, ranks: self.ranks })
+    }
+
+    /// Local slot of `expert` on its rank.
+    pub fn slot_of(&self, expert: usize) -> usize {
+        self.slot_of[expert]
+    }
+
+    /// Expert id → rank, as the plan file and the planner's migration write it.
+    pub fn ranks_of(&self) -> Vec<u64> {
+        self.rank_of.iter().map(|r| *r as u64).collect()
+    }
+
     /// Experts `[r · E/ranks, (r + 1) · E/ranks)` on rank r.
     pub fn contiguous(experts: usize, ranks: usize) -> Result<Self, String> {
         let per = experts / ranks.max(1);
@@ -91,6 +132,20 @@ mod tests {
         assert_eq!(p.experts_of(1), vec![0, 2, 5]);
         assert_eq!(p.rank_load(&[1, 2, 3, 4, 5, 6]), vec![11, 10]);
         assert_eq!(ExpertPlacement::contiguous(8, 4).unwrap().positions(), (0..8).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn migration_keeps_staying_experts_in_their_slots() {
+        let p = ExpertPlacement::contiguous(6, 2).unwrap(); // rank 0: 0 1 2, rank 1: 3 4 5
+        let q = p.migrated(&[1, 0, 0, 0, 1, 1]).unwrap(); // 0 ↔ 3
+        assert_eq!(q.experts_of(0), vec![3, 1, 2]);
+        assert_eq!(q.experts_of(1), vec![0, 4, 5]);
+        assert_eq!((q.slot_of(3), q.slot_of(0)), (0, 0));
+        // Positions are still a permutation, and unequal counts are refused.
+        let mut pos = q.positions();
+        pos.sort_unstable();
+        assert_eq!(pos, (0..6).collect::<Vec<_>>());
+        assert!(p.migrated(&[1, 1, 0, 0, 1, 1]).is_err());
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use piper_planner::comm::A2aAlgo;
 use piper_planner::layout::{Layout, Schedule, StageSplit};
 use piper_planner::model::{ModelSpec, resolve_model};
+use piper_planner::platform::Platform;
 use piper_planner::run_plan::RunPlan;
 
 use super::config::{AuxLossScope, RunConfig};
@@ -83,6 +84,20 @@ pub struct RunArgs {
     pub split: Option<String>,
     #[arg(long = "all-to-all", value_parser = ["flat", "pairwise", "halo"], default_value = "flat")]
     pub all_to_all: String,
+    /// Expert migration: `plan` follows the plan's policy (`--plan auto` and layout flags get the
+    /// planner's default policy), `off` never moves an expert.
+    #[arg(long, value_parser = ["plan", "off"], default_value = "plan")]
+    pub migration: String,
+    /// Overrides the policy's threshold (max/mean tokens per rank of an expert group, ≥ 1).
+    #[arg(long)]
+    pub migration_threshold: Option<f64>,
+    /// Overrides the policy's steps between checks.
+    #[arg(long)]
+    pub migration_every: Option<usize>,
+    /// A skewed workload `K:FACTOR`: experts 0..K−1 of every MoE layer draw about FACTOR× their balanced
+    /// share of tokens (a fixed router bias), so migration has something to do.
+    #[arg(long, value_name = "K:FACTOR")]
+    pub hot_experts: Option<String>,
     /// Debug: start every router at zero (all tokens tie and pick the lowest-numbered experts).
     #[arg(long)]
     pub zero_router: bool,
@@ -97,6 +112,7 @@ pub enum AuxScopeArg {
 /// A run, resolved from its flags and checked: everything but the Burn model and the device.
 pub struct ResolvedRun {
     pub spec: ModelSpec,
+    pub platform: Platform,
     pub config: RunConfig,
     pub plan: RunPlan,
 }
@@ -125,7 +141,17 @@ impl RunArgs {
                 AuxScopeArg::Global => AuxLossScope::Global,
                 AuxScopeArg::MicroBatch => AuxLossScope::MicroBatch,
             })
-            .with_seed(self.seed);
+            .with_seed(self.seed)
+            .with_migration(self.migration == "plan")
+            .with_migration_threshold(self.migration_threshold)
+            .with_migration_every(self.migration_every);
+        let config = match self.hot_experts.as_deref() {
+            Some(text) => {
+                let (k, f) = parse_hot_experts(text)?;
+                config.with_hot_experts(k).with_hot_factor(f)
+            }
+            None => config,
+        };
         config.validate()?;
         let platform = piper_planner::platform::resolve_platform(&self.platform).map_err(|e| e.to_string())?;
         let plan = match (file, self.plan.as_deref()) {
@@ -144,7 +170,7 @@ impl RunArgs {
             }
         };
         check_plan(&plan, &spec, &config, ranks)?;
-        Ok(ResolvedRun { spec, config, plan })
+        Ok(ResolvedRun { spec, platform, config, plan })
     }
 
     /// Where the per-step output goes.
@@ -156,4 +182,16 @@ impl RunArgs {
     pub fn corpus(&self, vocab_size: usize) -> Result<Box<dyn crate::corpus::Corpus>, String> {
         crate::corpus::open(self.data.as_deref(), self.grammar_alphabet, self.grammar_branching, self.seed, vocab_size)
     }
+}
+
+/// `K:FACTOR` of `--hot-experts`.
+fn parse_hot_experts(text: &str) -> Result<(usize, f64), String> {
+    let bad = || format!("--hot-experts `{text}` must be K:FACTOR, e.g. 2:4 (experts 0..K−1 draw FACTOR× their share)");
+    let (k, f) = text.split_once(':').ok_or_else(bad)?;
+    let k: usize = k.trim().parse().map_err(|_| bad())?;
+    let f: f64 = f.trim().parse().map_err(|_| bad())?;
+    if k == 0 {
+        return Err(bad());
+    }
+    Ok((k, f))
 }

@@ -53,6 +53,21 @@ pub struct RunConfig {
     pub bias_update_rate: f64,
     #[config(default = 0)]
     pub seed: u64,
+    /// Expert migration with the plan's policy (`--migration plan`); `false`: off.
+    #[config(default = true)]
+    pub migration: bool,
+    /// Overrides the plan's migration threshold (max/mean tokens per rank of an expert group).
+    #[config(default = "None")]
+    pub migration_threshold: Option<f64>,
+    /// Overrides the plan's steps between migration checks.
+    #[config(default = "None")]
+    pub migration_every: Option<usize>,
+    /// A skewed workload: experts `0..hot_experts` of every MoE layer draw about `hot_factor` times
+    /// their balanced share of tokens (a fixed router bias; 0: off).
+    #[config(default = 0)]
+    pub hot_experts: usize,
+    #[config(default = 1.0)]
+    pub hot_factor: f64,
 }
 
 /// Beyond these no run on any machine goes; larger values are typos, refused before they allocate.
@@ -89,6 +104,17 @@ impl RunConfig {
         finite_at_least("--grad-clip", self.grad_clip, 0.0, "a finite norm ≥ 0 (0: no clipping)")?;
         finite_at_least("--aux-loss-coef", self.aux_loss_coef, 0.0, "a finite weight ≥ 0")?;
         finite_at_least("--bias-update-rate", self.bias_update_rate, 0.0, "a finite rate ≥ 0")?;
+        if let Some(t) = self.migration_threshold {
+            finite_at_least("--migration-threshold", t, 1.0, "a finite max/mean ratio ≥ 1")?;
+        }
+        if let Some(n) = self.migration_every
+            && !(1..=MAX_STEPS).contains(&n)
+        {
+            return Err(format!("--migration-every is {n}; it must be in 1..={MAX_STEPS} steps"));
+        }
+        if !(self.hot_factor.is_finite() && (1.0..=1e6).contains(&self.hot_factor)) {
+            return Err(format!("--hot-experts factor is {}; it must be in [1, 1e6]", self.hot_factor));
+        }
         Ok(())
     }
 
@@ -140,6 +166,10 @@ mod tests {
             (RunConfig::new().with_aux_loss_coef(f64::INFINITY), "--aux-loss-coef is inf"),
             (RunConfig::new().with_weight_decay(-0.1), "--weight-decay is -0.1"),
             (RunConfig::new().with_min_lr_ratio(2.0), "--min-lr-ratio is 2"),
+            (RunConfig::new().with_migration_threshold(Some(0.5)), "--migration-threshold is 0.5"),
+            (RunConfig::new().with_migration_threshold(Some(f64::NAN)), "--migration-threshold is NaN"),
+            (RunConfig::new().with_migration_every(Some(0)), "--migration-every is 0"),
+            (RunConfig::new().with_hot_factor(f64::INFINITY), "--hot-experts factor is inf"),
         ];
         for (c, want) in cases {
             let err = c.validate().unwrap_err();

@@ -12,17 +12,21 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use burn::optim::{AdamWConfig, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::prelude::*;
 use piper_comm::communicator::wait_all;
 use piper_comm::{Communicator, Pending, Topology};
+use piper_planner::migration::expert_bytes;
 use piper_planner::model::ModelSpec;
+use piper_planner::platform::Platform;
 use piper_planner::run_plan::RunPlan;
 use piper_planner::schedule::{Instr, instructions};
 
 use super::config::{AuxLossScope, RunConfig};
 use super::fingerprint::check_ranks_agree;
 use super::grads::{accumulate, clip_global_norm, parameters, reduce_gradients};
+use super::migration::{GroupCoords, MigrationEvent, MigrationSettings, Migrator, move_experts};
+use super::optim::{AdamW, AdamWSettings};
 use super::plan::{check_fits_machine, check_plan};
 use super::report::{StepMetrics, peak_rss_bytes};
 use crate::corpus::Corpus;
@@ -39,6 +43,8 @@ pub struct Job<'a> {
     pub plan: &'a RunPlan,
     pub world: &'a dyn Communicator,
     pub topo: &'a Topology,
+    /// The platform the plan was priced on (migration's cost prediction uses its intra-node bandwidth).
+    pub platform: &'a Platform,
     pub device: &'a Device,
     /// Model FLOPs per token (the planner's count) and the measured peak FLOP/s of one rank: the basis
     /// of the MFU the metrics report.
@@ -175,6 +181,14 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
     };
     let num_moe_total = model.num_moe_layers();
     let experts = placement.num_experts();
+    if run.hot_experts > experts {
+        return Err(format!("--hot-experts {}: the model has {experts} routed experts", run.hot_experts));
+    }
+    if run.hot_experts > 0 {
+        for block in model.layers.iter_mut().filter_map(|l| l.moe.as_mut()) {
+            block.router = block.router.clone().with_hot_experts(run.hot_experts, run.hot_factor);
+        }
+    }
     // Index (among the model's MoE layers) of this stage's first MoE layer.
     let first_moe = model.layers[..layers.start].iter().filter(|l| l.moe.is_some()).count();
     model.layers = model.layers.drain(layers.clone()).collect();
@@ -186,7 +200,24 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
         }
     }
     let stage_moe = model.num_moe_layers();
-    let mut optim = AdamWConfig::new().with_beta_2(0.95).with_weight_decay(run.weight_decay as f32).init();
+    let mut optim = AdamW::new(AdamWSettings { weight_decay: run.weight_decay, ..AdamWSettings::default() });
+    let mut placements: Vec<ExpertPlacement> = vec![placement.clone(); num_moe_total];
+    let mut migrator = match (run.migration && ep > 1, job.spec.moe.is_some()) {
+        (true, true) => Some(Migrator::new(
+            MigrationSettings {
+                threshold: run.migration_threshold.unwrap_or(plan.migration.threshold),
+                check_every_steps: run.migration_every.unwrap_or(plan.migration.check_every_steps as usize),
+                max_swaps: plan.migration.max_swaps,
+                // f32 weights and both AdamW moments.
+                bytes_per_expert: expert_bytes(job.spec, 12.0).map_err(|e| e.to_string())?,
+                link_gbs: job.platform.topology.intra_node_default_gbs,
+            },
+            num_moe_total,
+            experts,
+        )),
+        _ => None,
+    };
+    let coords = GroupCoords { layout, stage: stage as u64, dp: dp_rank as u64, ep: ep_rank };
 
     let local_batch = run.global_batch / replicas;
     let mbs = local_batch / m;
@@ -323,7 +354,7 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
                 }
                 Instr::OptimizerStep => {
                     let grads = acc.take().unwrap_or_default();
-                    model = optim.step(run.learning_rate(step), model, grads);
+                    model = optim.step(run.learning_rate(step), model, &grads);
                 }
             }
             if !matches!(instr, Instr::ReduceGrads | Instr::OptimizerStep) {
@@ -358,10 +389,18 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
             flops_per_s,
             mfu: flops_per_s / (job.peak_flops * world.size() as f64),
             expert_load: counts.iter().map(|c| max_mean(c)).collect(),
-            rank_load_max_mean: counts.iter().map(|c| max_mean(&placement.rank_load(c))).collect(),
+            rank_load_max_mean: counts.iter().zip(&placements).map(|(c, p)| max_mean(&p.rank_load(c))).collect(),
             step_time_s: dt,
             bubble: (layout.pp > 1).then(|| sums[2] as f64 / world.size() as f64),
+            migration: Vec::new(),
         };
+        let mut metrics = metrics;
+        if let Some(m) = migrator.as_mut() {
+            m.observe(&counts);
+            let (moved, events) = migrate(m, model, &mut placements, &mut optim, world, &coords, first_moe, replicas)?;
+            model = moved;
+            metrics.migration = events;
+        }
         on_step(&metrics);
         all.push(metrics);
     }
@@ -370,5 +409,57 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
         .into_iter()
         .map(|v| v[0])
         .collect();
-    Ok(Trained { model, metrics: all, peak_rss_bytes: rss, placements: vec![placement; num_moe_total] })
+    Ok(Trained { model, metrics: all, peak_rss_bytes: rss, placements })
+}
+
+/// The migrations the window calls for: every rank decides the same; the ranks of each layer's stage
+/// move its experts; every rank updates its placement table.
+#[allow(clippy::too_many_arguments)]
+fn migrate(
+    migrator: &mut Migrator,
+    mut model: CausalLm,
+    placements: &mut [ExpertPlacement],
+    optim: &mut AdamW,
+    world: &dyn Communicator,
+    coords: &GroupCoords,
+    first_moe: usize,
+    stage_ranks: usize,
+) -> Result<(CausalLm, Vec<MigrationEvent>), String> {
+    let decisions = migrator.decide(placements)?;
+    if decisions.is_empty() {
+        return Ok((model, Vec::new()));
+    }
+    if cfg!(debug_assertions) {
+        let decided: Vec<(usize, &Vec<u64>)> = decisions.iter().map(|(l, m)| (*l, &m.placement_after)).collect();
+        check_ranks_agree(world, &[("migration decision", format!("{decided:?}"))])?;
+    }
+    let moe_slots: Vec<usize> =
+        model.layers.iter().enumerate().filter(|(_, l)| l.moe.is_some()).map(|(i, _)| i).collect();
+    let mut seconds = vec![0.0f32; decisions.len()];
+    for (k, (layer, m)) in decisions.iter().enumerate() {
+        let new = placements[*layer].migrated(&m.placement_after.iter().map(|r| *r as usize).collect::<Vec<_>>())?;
+        if let Some(&i) = layer.checked_sub(first_moe).and_then(|j| moe_slots.get(j)) {
+            let block = model.layers[i].moe.take().ok_or("an MoE layer without its block")?;
+            let (block, secs) = move_experts(block, &placements[*layer], &new, optim, world, coords, *layer)?;
+            model.layers[i].moe = Some(block);
+            seconds[k] = secs as f32;
+        }
+        placements[*layer] = new;
+    }
+    world.all_reduce_sum_f32(&mut seconds, "migration time all-reduce").map_err(|e| e.to_string())?;
+    let events = decisions
+        .iter()
+        .zip(&seconds)
+        .map(|((layer, m), s)| MigrationEvent {
+            layer: *layer,
+            swaps: m.swaps.len(),
+            experts_moved: m.experts_moved,
+            bytes: m.bytes_moved,
+            seconds: *s as f64 / stage_ranks as f64,
+            predicted_seconds: m.time_s,
+            imbalance_before: m.imbalance_before,
+            imbalance_after: m.imbalance_after,
+        })
+        .collect();
+    Ok((model, events))
 }

@@ -8,6 +8,8 @@ pub mod config;
 pub mod executor;
 pub mod fingerprint;
 pub mod grads;
+pub mod migration;
+pub mod optim;
 pub mod plan;
 pub mod report;
 

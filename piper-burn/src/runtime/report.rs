@@ -34,6 +34,9 @@ pub struct StepMetrics {
     /// Pipelined runs: idle fraction of the stages over the step (1 − mean busy time / makespan).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bubble: Option<f64>,
+    /// Expert migrations after this step (one per rebalanced MoE layer).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub migration: Vec<super::migration::MigrationEvent>,
 }
 
 /// Where the per-step output goes.
@@ -98,6 +101,20 @@ impl Reporter {
         {
             self.write_error.get_or_insert(e.to_string());
         }
+        for e in &m.migration {
+            self.println(&format!(
+                "step {:>5}  migration: MoE layer {} moved {} experts ({} swaps, {:.1} KiB) in {:.2} ms ({:.2} ms predicted); rank load max/mean {:.2} → {:.2}",
+                m.step,
+                e.layer,
+                e.experts_moved,
+                e.swaps,
+                e.bytes / 1024.0,
+                e.seconds * 1e3,
+                e.predicted_seconds * 1e3,
+                e.imbalance_before,
+                e.imbalance_after
+            ));
+        }
         let every = self.options.log_every;
         if every > 0 && (m.step.is_multiple_of(every) || m.step + 1 == self.steps) {
             let fmt = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(", ");
@@ -155,6 +172,12 @@ pub struct RunSummary {
     pub bubble_measured: Option<f64>,
     pub predicted: Predicted,
     pub predicted_peak_memory_bytes: f64,
+    /// Expert migrations over the run, their total wall time and its share of the run's time.
+    pub migrations: usize,
+    pub migration_seconds: f64,
+    pub migration_share: f64,
+    /// Final expert → rank placement of every MoE layer (after migrations).
+    pub placement: Vec<Vec<u64>>,
     /// Mean loss of the last (up to) 10 steps.
     pub final_loss: f64,
     pub first_loss: f64,
@@ -171,9 +194,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 impl RunSummary {
-    /// From the plan, the metrics of every step and each rank's peak RSS. `flops_per_token` converts
-    /// tokens/s into the platform MFU.
-    pub fn new(plan: &RunPlan, metrics: &[StepMetrics], peak_rss_bytes: Vec<u64>, flops_per_token: f64) -> Self {
+    /// From the plan and what the run left (metrics of every step, each rank's peak RSS, the final
+    /// placements). `flops_per_token` converts tokens/s into the platform MFU.
+    pub fn new(plan: &RunPlan, trained: &super::executor::Trained, flops_per_token: f64) -> Self {
+        let metrics = &trained.metrics;
+        let migration_seconds: f64 = metrics.iter().flat_map(|m| &m.migration).map(|e| e.seconds).sum();
+        let run_seconds: f64 = metrics.iter().map(|m| m.step_time_s).sum::<f64>() + migration_seconds;
         let steady = &metrics[metrics.len().min(3).min(metrics.len().saturating_sub(1))..];
         let step_time = median(steady.iter().map(|m| m.step_time_s).collect());
         let tokens_per_s = median(steady.iter().map(|m| m.tokens_per_s).collect());
@@ -191,7 +217,11 @@ impl RunSummary {
             tokens_per_s,
             mfu: tokens_per_s * flops_per_token / (plan.gpus as f64 * platform_peak),
             mfu_measured_peak: median(steady.iter().map(|m| m.mfu).collect()),
-            peak_rss_bytes,
+            peak_rss_bytes: trained.peak_rss_bytes.clone(),
+            migrations: metrics.iter().map(|m| m.migration.len()).sum(),
+            migration_seconds,
+            migration_share: if run_seconds > 0.0 { migration_seconds / run_seconds } else { 0.0 },
+            placement: trained.placements.iter().map(|p| p.ranks_of()).collect(),
             bubble_measured: (plan.pp > 1).then(|| median(steady.iter().filter_map(|m| m.bubble).collect())),
             predicted: plan.predicted.clone(),
             predicted_peak_memory_bytes: plan.predicted.peak_memory_bytes(),
@@ -230,6 +260,14 @@ impl RunSummary {
                 100.0 * self.mfu
             ),
         ];
+        if self.migrations > 0 {
+            lines.push(format!(
+                "expert migration: {} layer moves, {:.3} s in all ({:.2}% of the run)",
+                self.migrations,
+                self.migration_seconds,
+                100.0 * self.migration_share
+            ));
+        }
         if let Some(b) = self.bubble_measured {
             lines.push(format!(
                 "pipeline bubble: {:.1}% predicted, {:.1}% measured",
