@@ -65,7 +65,7 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), String> {
     let mut corpus = a.run.corpus(model.vocab_size)?;
     let device = device(a.backend)?;
     let topo = Topology::detect(world).map_err(|e| e.to_string())?;
-    let peak_flops = runtime::measure_peak_flops(&device);
+    let peak_flops = a.run.peak_tflops.map_or_else(|| runtime::measure_peak_flops(&device), |t| t * 1e12);
     let flops_per_token = training_flops_per_token(&spec, config.seq_len as u64).total();
     let (spec, run, plan, topo, device) = (&spec, &config, &plan, &topo, &device);
     let platform = &platform;

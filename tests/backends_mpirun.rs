@@ -1,7 +1,8 @@
 //! The expert exchange on every backend the kernels support: `mixtral_train --backend ndarray` and
 //! `--backend wgpu` (lavapipe in CI) under `mpirun -np 2 --ep 2` equal the same backend on one process
-//! (host-staged exchange; device-aware transports are future work). Built with `--features
-//! mpi,ndarray,wgpu` (see `.ci/run`); a missing mpirun fails.
+//! (host-staged exchange; device-aware transports are future work). Built with `--release --features
+//! mpi,ndarray,wgpu` (see `.ci/run`: the example must be built with the same features and profile); a
+//! missing mpirun fails.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -11,11 +12,14 @@ use piper::testing::assert_close;
 fn example() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let bin = exe.parent().and_then(|d| d.parent()).expect("target/<profile>").join("examples").join("mixtral_train");
-    assert!(bin.exists(), "{} is missing: build it with `--features mpi,ndarray,wgpu`", bin.display());
+    assert!(bin.exists(), "{} is missing: build it with `--release --features mpi,ndarray,wgpu`", bin.display());
     bin
 }
 
 const COMMON: &[&str] = &[
+    // The peak is given: timing 1024³ GEMMs in a debug build takes minutes on lavapipe.
+    "--peak-tflops",
+    "1",
     "--steps",
     "6",
     "--batch-size",

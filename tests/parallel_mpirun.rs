@@ -202,6 +202,49 @@ fn a_plan_file_from_piper_plan_drives_a_four_rank_run() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Forced expert migrations under mpirun (threshold 1, a check every 3 steps): the loss curve equals
+/// the run without migration, for EP=2 and PP=2×EP=2; a skewed workload (`--hot-experts 2:4`, both hot
+/// experts on rank 0) is rebalanced by the plan's policy with a shorter check interval.
+#[test]
+fn expert_migration_under_mpirun_preserves_the_loss_curve() {
+    if !mpirun_available() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("piper-migration-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let events = |path: &std::path::Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .flat_map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["migration"].as_array().cloned().unwrap_or_default())
+            .collect()
+    };
+    for (name, np, layout) in [("ep2", 2, vec!["--ep", "2"]), ("pp2ep2", 4, vec!["--pp", "2", "--ep", "2", "--micro-batches", "2"])] {
+        let (on, off) = (dir.join(format!("{name}-on.jsonl")), dir.join(format!("{name}-off.jsonl")));
+        let mut args = layout.clone();
+        args.extend(["--migration-threshold", "1", "--migration-every", "3", "--metrics", on.to_str().unwrap()]);
+        let (ok, out) = run(mpirun(np, &[], &args), Duration::from_secs(300));
+        assert!(ok, "{name} with migration failed:\n{out}");
+        let mut args = layout.clone();
+        args.extend(["--migration", "off", "--metrics", off.to_str().unwrap()]);
+        let (ok, out) = run(mpirun(np, &[], &args), Duration::from_secs(300));
+        assert!(ok, "{name} without migration failed:\n{out}");
+        let moved = events(&on);
+        assert!(!moved.is_empty(), "{name}: no migration happened");
+        assert!(events(&off).is_empty());
+        let worst = assert_close(&format!("{name} migration"), &losses(&on), &losses(&off), 1e-5);
+        eprintln!("{name}: {} migrations, worst relative loss difference {worst:e}", moved.len());
+    }
+    let hot = dir.join("hot.jsonl");
+    let args = ["--ep", "2", "--hot-experts", "2:4", "--migration-every", "5", "--metrics", hot.to_str().unwrap()];
+    let (ok, out) = run(mpirun(2, &[], &args), Duration::from_secs(300));
+    assert!(ok, "hot experts failed:\n{out}");
+    let first = events(&hot).into_iter().next().expect("the skewed workload is rebalanced");
+    let (before, after) = (first["imbalance_before"].as_f64().unwrap(), first["imbalance_after"].as_f64().unwrap());
+    assert!(before > 1.2 && after < before, "imbalance {before} → {after}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn expert_group_members_with_zero_tokens_equal_one_process() {
     if !mpirun_available() {

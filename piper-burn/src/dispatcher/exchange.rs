@@ -8,6 +8,8 @@
 //! communication failure inside the op (a dead or hung rank) panics with the communication error — it
 //! names the operation, the group and the missing ranks — which ends the process and, under mpirun, the
 //! job.
+// NdArray is Burn's deprecated CPU backend, still offered as `--backend ndarray`.
+#![cfg_attr(feature = "ndarray", allow(deprecated))]
 
 use std::sync::{Arc, Mutex};
 

@@ -98,6 +98,10 @@ pub struct RunArgs {
     /// share of tokens (a fixed router bias), so migration has something to do.
     #[arg(long, value_name = "K:FACTOR")]
     pub hot_experts: Option<String>,
+    /// The peak FLOP/s MFU refers to, in TFLOP/s per rank (e.g. the datasheet's); by default a 1024³ GEMM
+    /// is timed on the backend at start-up.
+    #[arg(long)]
+    pub peak_tflops: Option<f64>,
     /// Debug: start every router at zero (all tokens tie and pick the lowest-numbered experts).
     #[arg(long)]
     pub zero_router: bool,
@@ -153,6 +157,11 @@ impl RunArgs {
             None => config,
         };
         config.validate()?;
+        if let Some(t) = self.peak_tflops
+            && !(t.is_finite() && t > 0.0)
+        {
+            return Err(format!("--peak-tflops is {t}; it must be a finite number > 0"));
+        }
         let platform = piper_planner::platform::resolve_platform(&self.platform).map_err(|e| e.to_string())?;
         let plan = match (file, self.plan.as_deref()) {
             (Some(p), _) => p,

@@ -119,7 +119,7 @@ impl ModuleMapper for Apply<'_> {
 
 #[cfg(test)]
 mod tests {
-    use burn::optim::{AdamWConfig, Optimizer};
+    use burn::optim::{AdamWConfig, Optimizer as _};
 
     use super::*;
     use crate::mlp::{Mlp, MlpConfig};
