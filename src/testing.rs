@@ -33,7 +33,8 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], rel_tol: f64) -> f64 
 /// As [`assert_close`], with each difference relative to the largest `|want|` (for tensors whose
 /// elements pass near zero, where a per-element relative difference measures only round-off).
 pub fn assert_close_scaled(what: &str, got: &[f64], want: &[f64], rel_tol: f64) -> f64 {
-    let scale = want.iter().map(|x| x.abs()).fold(f64::MIN_POSITIVE, |a, b| if b.is_nan() { f64::NAN } else { a.max(b) });
+    let scale =
+        want.iter().map(|x| x.abs()).fold(f64::MIN_POSITIVE, |a, b| if b.is_nan() { f64::NAN } else { a.max(b) });
     match max_relative_difference(got, want, scale) {
         Ok(worst) if worst <= rel_tol => worst,
         Ok(worst) => panic!("{what}: worst difference {worst:e} of max |want| {scale:e} > {rel_tol:e}"),

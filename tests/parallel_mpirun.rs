@@ -216,10 +216,17 @@ fn expert_migration_under_mpirun_preserves_the_loss_curve() {
         std::fs::read_to_string(path)
             .unwrap()
             .lines()
-            .flat_map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["migration"].as_array().cloned().unwrap_or_default())
+            .flat_map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["migration"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
             .collect()
     };
-    for (name, np, layout) in [("ep2", 2, vec!["--ep", "2"]), ("pp2ep2", 4, vec!["--pp", "2", "--ep", "2", "--micro-batches", "2"])] {
+    for (name, np, layout) in
+        [("ep2", 2, vec!["--ep", "2"]), ("pp2ep2", 4, vec!["--pp", "2", "--ep", "2", "--micro-batches", "2"])]
+    {
         let (on, off) = (dir.join(format!("{name}-on.jsonl")), dir.join(format!("{name}-off.jsonl")));
         let mut args = layout.clone();
         args.extend(["--migration-threshold", "1", "--migration-every", "3", "--metrics", on.to_str().unwrap()]);
@@ -288,6 +295,15 @@ fn a_hung_rank_is_named_and_a_dead_rank_ends_the_job() {
     let env = [("PIPER_FAULT_RANK", "1"), ("PIPER_FAULT_STEP", "1"), ("PIPER_FAULT", "exit")];
     let (ok, out) = run(mpirun(4, &env, &["--ep", "4"]), Duration::from_secs(120));
     assert!(!ok && out.contains("fault injection: this rank exits"), "{out}");
+    // A peer that stops answering while experts move is named by its partner.
+    let env = [("PIPER_COMM_TIMEOUT_S", "3"), ("PIPER_FAULT_RANK", "1"), ("PIPER_FAULT", "hang-in-migration")];
+    let args = ["--ep", "2", "--migration-threshold", "1", "--migration-every", "2"];
+    let (ok, out) = run(mpirun(2, &env, &args), Duration::from_secs(120));
+    assert!(!ok, "the job must fail:\n{out}");
+    assert!(
+        out.contains("expert migration of MoE layer 0") && out.contains("still waiting for world ranks [1]"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -136,6 +136,7 @@ pub fn move_experts(
     at: &GroupCoords,
     layer: usize,
 ) -> Result<(MoeBlock, f64), String> {
+    super::report::hang_in_migration(world.rank());
     let start = Instant::now();
     let e = old.num_experts();
     if e + TAG_BASE as usize > MAX_USER_TAG as usize {

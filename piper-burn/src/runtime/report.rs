@@ -361,7 +361,8 @@ pub fn peak_rss_bytes() -> u64 {
 }
 
 /// Fault injection for the failure tests: `PIPER_FAULT_RANK=r PIPER_FAULT_STEP=s PIPER_FAULT=exit|hang`
-/// makes rank r exit (or stop answering) after step s.
+/// makes rank r exit (or stop answering) after step s; `PIPER_FAULT=hang-in-migration` makes rank r stop
+/// answering when its first expert migration starts (see [`hang_in_migration`]).
 struct Fault {
     step: Option<usize>,
     hang: bool,
@@ -371,7 +372,8 @@ impl Fault {
     fn from_env(rank: usize) -> Self {
         let mine = std::env::var("PIPER_FAULT_RANK").ok().and_then(|r| r.parse::<usize>().ok()) == Some(rank);
         let step = std::env::var("PIPER_FAULT_STEP").ok().and_then(|s| s.parse::<usize>().ok()).filter(|_| mine);
-        Fault { step, hang: std::env::var("PIPER_FAULT").is_ok_and(|v| v == "hang") }
+        let hang = std::env::var("PIPER_FAULT").is_ok_and(|v| v == "hang");
+        Fault { step: step.filter(|_| std::env::var("PIPER_FAULT").is_ok_and(|v| v == "hang" || v == "exit")), hang }
     }
 
     fn maybe_trigger(&self, step: usize) {
@@ -407,5 +409,15 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(vec![]).is_nan());
+    }
+}
+
+/// The fault point of `PIPER_FAULT=hang-in-migration` on `PIPER_FAULT_RANK` (a peer that dies while
+/// experts move: the others must name it within the timeout).
+pub fn hang_in_migration(world_rank: usize) {
+    let mine = std::env::var("PIPER_FAULT_RANK").ok().and_then(|r| r.parse::<usize>().ok()) == Some(world_rank);
+    if mine && std::env::var("PIPER_FAULT").is_ok_and(|v| v == "hang-in-migration") {
+        eprintln!("fault injection: this rank stops answering in expert migration");
+        std::thread::sleep(std::time::Duration::from_secs(3600));
     }
 }
