@@ -29,14 +29,17 @@ fn plan_for(flags: &LayoutFlags, ranks: usize, run: &RunConfig) -> Result<RunPla
     runtime::plan_from_flags(&spec, &platform, run, flags, ranks)
 }
 
-fn train(
+/// Runs `plan` on this rank with the `tiny` model on the seeded grammar (emulated nodes of `per_node` ranks).
+fn execute(
     world: &dyn Communicator,
     plan: &RunPlan,
     run: &RunConfig,
     per_node: usize,
-) -> Result<Vec<StepMetrics>, String> {
+    zero_router: bool,
+) -> Result<runtime::Trained, String> {
     let spec = preset("tiny").unwrap();
-    let model = lm_config(&spec).unwrap();
+    let mut model = lm_config(&spec).unwrap();
+    model.zero_router = zero_router;
     let topo = Topology::uniform(world.size(), per_node).unwrap();
     let device = Device::flex();
     let platform = piper::planner::platform::preset("local").unwrap();
@@ -52,8 +55,16 @@ fn train(
         flops_per_token: 1.0,
         peak_flops: 1.0,
     };
-    let mut corpus = Grammar::new(32, 3, 9);
-    runtime::execute(&job, &mut corpus, |_| {}).map(|t| t.metrics)
+    runtime::execute(&job, &mut Grammar::new(32, 3, 9), |_| {})
+}
+
+fn train(
+    world: &dyn Communicator,
+    plan: &RunPlan,
+    run: &RunConfig,
+    per_node: usize,
+) -> Result<Vec<StepMetrics>, String> {
+    execute(world, plan, run, per_node, false).map(|t| t.metrics)
 }
 
 fn losses(metrics: &[StepMetrics]) -> Vec<f64> {
@@ -277,24 +288,7 @@ mod migration {
         run: &RunConfig,
         zero_router: bool,
     ) -> (Vec<StepMetrics>, Experts) {
-        let spec = preset("tiny").unwrap();
-        let mut model = lm_config(&spec).unwrap();
-        model.zero_router = zero_router;
-        let topo = Topology::uniform(world.size(), 2).unwrap();
-        let (device, platform) = (Device::flex(), piper::planner::platform::preset("local").unwrap());
-        let job = Job {
-            spec: &spec,
-            model: &model,
-            run,
-            plan,
-            world,
-            topo: &topo,
-            platform: &platform,
-            device: &device,
-            flops_per_token: 1.0,
-            peak_flops: 1.0,
-        };
-        let trained = runtime::execute(&job, &mut Grammar::new(32, 3, 9), |_| {}).unwrap();
+        let trained = execute(world, plan, run, 2, zero_router).unwrap();
         let (stage, _, ep) = plan.layout().coords(world.rank() as u64);
         let first_moe = plan.stages[stage as usize].first_layer as usize; // every layer of `tiny` is MoE
         let mut experts = Experts::new();
