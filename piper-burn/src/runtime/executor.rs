@@ -12,23 +12,21 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use burn::optim::GradientsParams;
 use burn::prelude::*;
-use piper_comm::communicator::wait_all;
-use piper_comm::{Communicator, Pending, Topology};
+use piper_comm::{Communicator, Topology};
 use piper_planner::migration::expert_bytes;
 use piper_planner::model::ModelSpec;
 use piper_planner::platform::Platform;
 use piper_planner::run_plan::RunPlan;
-use piper_planner::schedule::{Instr, instructions};
+use piper_planner::schedule::instructions;
 
 use super::config::{AuxLossScope, RunConfig};
 use super::fingerprint::check_ranks_agree;
-use super::grads::{accumulate, clip_global_norm, parameters, reduce_gradients};
 use super::migration::{GroupCoords, MigrationEvent, MigrationSettings, Migrator, move_experts};
 use super::optim::{AdamW, AdamWSettings};
 use super::plan::{check_fits_machine, check_plan};
 use super::report::{StepMetrics, peak_rss_bytes};
+use super::stage::{Stage, StageShape, StepState};
 use crate::corpus::Corpus;
 use crate::dispatcher::exchange::ExchangeGroup;
 use crate::dispatcher::{AllToAllDispatcher, ExpertPlacement, LocalDispatcher, SharedComm, TokenDispatcher};
@@ -59,28 +57,6 @@ pub struct Trained {
     pub peak_rss_bytes: Vec<u64>,
     /// Expert placement per MoE layer of the whole model.
     pub placements: Vec<ExpertPlacement>,
-}
-
-/// What a forward left for its backward.
-struct Saved {
-    input: Option<Tensor<3>>,
-    output: Tensor<3>,
-    /// Last stage: the scaled loss; other stages: the router-loss term of the stage's layers.
-    local_loss: Option<Tensor<1>>,
-}
-
-fn to_bytes(t: Tensor<3>) -> Result<Vec<u8>, String> {
-    let v: Vec<f32> = t.into_data().convert::<f32>().try_into_vec::<f32>().map_err(|e| format!("{e:?}"))?;
-    Ok(v.iter().flat_map(|x| x.to_le_bytes()).collect())
-}
-
-fn from_bytes(b: &[u8], shape: [usize; 3], device: &Device) -> Tensor<3> {
-    let v: Vec<f32> = b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    Tensor::from_data(TensorData::new(v, shape), device)
-}
-
-fn scalar(t: Tensor<1>) -> Result<f32, String> {
-    t.into_data().convert::<f32>().try_into_vec::<f32>().map(|v| v[0]).map_err(|e| format!("{e:?}"))
 }
 
 impl Job<'_> {
@@ -200,7 +176,6 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
         }
     }
     let stage_moe = model.num_moe_layers();
-    let mut optim = AdamW::new(AdamWSettings { weight_decay: run.weight_decay, ..AdamWSettings::default() });
     let mut placements: Vec<ExpertPlacement> = vec![placement.clone(); num_moe_total];
     let mut migrator = match (run.migration && ep > 1, job.spec.moe.is_some()) {
         (true, true) => Some(Migrator::new(
@@ -220,147 +195,35 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
     let coords = GroupCoords { layout, stage: stage as u64, dp: dp_rank as u64, ep: ep_rank };
 
     let local_batch = run.global_batch / replicas;
-    let mbs = local_batch / m;
-    let seq = run.seq_len;
-    let d_model = model_config.d_model;
-    let scale = 1.0 / (replicas * m) as f64;
-    let (prev, next) = (rank.wrapping_sub(replicas), rank + replicas);
+    let shape = StageShape {
+        index: stage,
+        is_last,
+        prev: rank.wrapping_sub(replicas),
+        next: rank + replicas,
+        replicas,
+        data_rank: dp_rank * ep + ep_rank,
+        dp,
+        mbs: local_batch / m,
+        seq: run.seq_len,
+        d_model: model_config.d_model,
+        scale: 1.0 / (replicas * m) as f64,
+        num_moe_total,
+        first_moe,
+        experts,
+    };
+    let optim = AdamW::new(AdamWSettings { weight_decay: run.weight_decay, ..AdamWSettings::default() });
+    let mut st =
+        Stage { shape, model, optim, world, stage_comm, expert_dp_comm, dispatcher, device, grad_clip: run.grad_clip };
     let stream = instructions(plan.schedule, stage as u64, layout.pp, m as u64);
-    let tokens_per_step = (run.global_batch * seq) as f64;
-    let data_rank = dp_rank * ep + ep_rank;
-    let act_bytes = mbs * seq * d_model * 4;
+    let tokens_per_step = (run.global_batch * run.seq_len) as f64;
     let mut all = Vec::new();
     for step in 0..run.steps {
         let start = Instant::now();
-        let ids = corpus.batch(run.global_batch, seq + 1);
-        let params = parameters(&model);
-        let mut batches: Vec<Option<Tensor<2, Int>>> = vec![None; m];
-        let mut inputs: Vec<Option<Tensor<3>>> = vec![None; m];
-        let mut out_grads: Vec<Option<Tensor<3>>> = vec![None; m];
-        let mut in_grads: Vec<Option<Tensor<3>>> = vec![None; m];
-        let mut saved: Vec<Option<Saved>> = (0..m).map(|_| None).collect();
-        let mut sends: Vec<Box<dyn Pending>> = Vec::new();
-        let mut acc: Option<GradientsParams> = None;
-        let (mut ce_sum, mut router_sum) = (0.0f32, 0.0f32);
-        // Tokens per expert of every MoE layer of the model (this stage's layers filled), over the step.
-        let mut load = vec![0.0f32; num_moe_total * experts];
-        let (mut busy, mut makespan, mut grad_norm) = (0.0f64, 0.0f64, 0.0f64);
-        let pipeline_start = Instant::now();
+        let mut state = st.begin_step(corpus.batch(run.global_batch, run.seq_len + 1), m);
         for instr in &stream {
-            let t = Instant::now();
-            let mut waited = 0.0;
-            match *instr {
-                Instr::LoadMicroBatch(i) => {
-                    // Micro-batch i of the step is rows [i·R·mbs, (i + 1)·R·mbs) of the global batch,
-                    // split over the R = EP·DP replicas: the same sequences whatever the layout, so a
-                    // layout equals one process with the same micro-batch count (the load-balancing
-                    // loss sees one micro-batch at a time, as in Megatron).
-                    let i = i as usize;
-                    let first_row = (i * replicas + data_rank) * mbs;
-                    let rows = ids[first_row * (seq + 1)..(first_row + mbs) * (seq + 1)].to_vec();
-                    batches[i] = Some(Tensor::from_data(TensorData::new(rows, [mbs, seq + 1]), &device));
-                }
-                Instr::RecvActivation(i) => {
-                    let i = i as usize;
-                    let op = format!("stage {stage} receive activations of micro-batch {i}");
-                    let pending = world.irecv(prev, (2 * i) as u32, act_bytes).map_err(|e| e.to_string())?;
-                    let got = wait_all(world, vec![pending], &op).map_err(|e| e.to_string())?;
-                    waited = t.elapsed().as_secs_f64();
-                    inputs[i] = Some(from_bytes(&got[0], [mbs, seq, d_model], &device).require_grad());
-                }
-                Instr::Forward(i) => {
-                    let i = i as usize;
-                    if let Some(d) = &dispatcher {
-                        d.begin_forward();
-                    }
-                    let input = inputs[i].take();
-                    let x = match &input {
-                        Some(x) => x.clone(),
-                        None => {
-                            let ids = batches[i].clone().ok_or("schedule bug: forward before its micro-batch")?;
-                            model.embed_tokens(ids.narrow(1, 0, seq))
-                        }
-                    };
-                    let (out, moe) = model.forward_layers(x, 0..model.layers.len());
-                    for (j, s) in moe.iter().enumerate() {
-                        let row = &mut load[(first_moe + j) * experts..(first_moe + j + 1) * experts];
-                        for (a, c) in row.iter_mut().zip(&s.tokens_per_expert) {
-                            *a += *c as f32;
-                        }
-                    }
-                    let router = model.router_losses(&moe, num_moe_total).map(|r| r * scale);
-                    if let Some(r) = &router {
-                        router_sum += scalar(r.clone())?;
-                    }
-                    let local_loss = if is_last {
-                        let ids = batches[i].take().ok_or("schedule bug: the last stage has no targets")?;
-                        let ce = model.cross_entropy(model.head(out.clone()), ids.narrow(1, 1, seq));
-                        ce_sum += scalar(ce.clone())?;
-                        Some(match router {
-                            Some(r) => ce * scale + r,
-                            None => ce * scale,
-                        })
-                    } else {
-                        router
-                    };
-                    saved[i] = Some(Saved { input, output: out, local_loss });
-                }
-                Instr::SendActivation(i) => {
-                    let i = i as usize;
-                    let out = saved[i].as_ref().ok_or("schedule bug: send before forward")?.output.clone();
-                    sends.push(world.isend(next, (2 * i) as u32, to_bytes(out.detach())?).map_err(|e| e.to_string())?);
-                }
-                Instr::RecvGrad(i) => {
-                    let i = i as usize;
-                    let op = format!("stage {stage} receive gradients of micro-batch {i}");
-                    let pending = world.irecv(next, (2 * i + 1) as u32, act_bytes).map_err(|e| e.to_string())?;
-                    let got = wait_all(world, vec![pending], &op).map_err(|e| e.to_string())?;
-                    waited = t.elapsed().as_secs_f64();
-                    out_grads[i] = Some(from_bytes(&got[0], [mbs, seq, d_model], &device));
-                }
-                Instr::Backward(i) => {
-                    let i = i as usize;
-                    let s = saved[i].take().ok_or("schedule bug: backward before forward")?;
-                    let objective = match out_grads[i].take() {
-                        // The vector-Jacobian product of the stage's output with the received gradient.
-                        Some(g) => {
-                            let vjp = (s.output * g).sum();
-                            match s.local_loss {
-                                Some(r) => vjp + r,
-                                None => vjp,
-                            }
-                        }
-                        None => s.local_loss.ok_or("schedule bug: a middle stage's backward without a gradient")?,
-                    };
-                    let grads = objective.backward();
-                    if let Some(x) = &s.input {
-                        let gx = x.grad(&grads).ok_or("the stage input got no gradient")?;
-                        in_grads[i] = Some(Tensor::from_data(gx.into_data(), &device));
-                    }
-                    accumulate(&mut acc, GradientsParams::from_grads(grads, &model), &params)?;
-                }
-                Instr::SendGrad(i) => {
-                    let i = i as usize;
-                    let g = in_grads[i].take().ok_or("schedule bug: send of a gradient not computed")?;
-                    sends.push(world.isend(prev, (2 * i + 1) as u32, to_bytes(g)?).map_err(|e| e.to_string())?);
-                }
-                Instr::ReduceGrads => {
-                    makespan = pipeline_start.elapsed().as_secs_f64();
-                    wait_all(world, std::mem::take(&mut sends), &format!("stage {stage} pipeline sends"))
-                        .map_err(|e| e.to_string())?;
-                    let grads = acc.get_or_insert_with(GradientsParams::new);
-                    reduce_gradients(grads, &params, stage_comm.get(), expert_dp_comm.as_ref())?;
-                    grad_norm = clip_global_norm(grads, &params, run.grad_clip, world, replicas, dp)?;
-                }
-                Instr::OptimizerStep => {
-                    let grads = acc.take().unwrap_or_default();
-                    model = optim.step(run.learning_rate(step), model, &grads);
-                }
-            }
-            if !matches!(instr, Instr::ReduceGrads | Instr::OptimizerStep) {
-                busy += t.elapsed().as_secs_f64() - waited;
-            }
+            st.run(*instr, &mut state, run.learning_rate(step))?;
         }
+        let StepState { ce_sum, router_sum, busy, makespan, grad_norm, load, .. } = state;
         // One all-reduce over the world: losses, busy fraction, and every layer's tokens per expert.
         let mut sums = vec![ce_sum / m as f32, router_sum, (1.0 - busy / makespan.max(1e-12)) as f32];
         sums.extend_from_slice(&load);
@@ -372,7 +235,7 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
         let counts: Vec<Vec<usize>> =
             sums[3..].chunks(experts.max(1)).map(|c| c.iter().map(|x| x.round() as usize).collect()).collect();
         let mine_counts = &counts[first_moe..first_moe + stage_moe];
-        model = model.update_router_biases(mine_counts, run.bias_update_rate);
+        st.model = st.model.clone().update_router_biases(mine_counts, run.bias_update_rate);
         let max_mean = |v: &[usize]| {
             let mean = v.iter().sum::<usize>() as f64 / v.len().max(1) as f64;
             if mean == 0.0 { 1.0 } else { *v.iter().max().unwrap_or(&0) as f64 / mean }
@@ -397,8 +260,9 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
         let mut metrics = metrics;
         if let Some(m) = migrator.as_mut() {
             m.observe(&counts);
-            let (moved, events) = migrate(m, model, &mut placements, &mut optim, world, &coords, first_moe, replicas)?;
-            model = moved;
+            let (moved, events) =
+                migrate(m, st.model.clone(), &mut placements, &mut st.optim, world, &coords, first_moe, replicas)?;
+            st.model = moved;
             metrics.migration = events;
         }
         on_step(&metrics);
@@ -409,7 +273,7 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
         .into_iter()
         .map(|v| v[0])
         .collect();
-    Ok(Trained { model, metrics: all, peak_rss_bytes: rss, placements })
+    Ok(Trained { model: st.model, metrics: all, peak_rss_bytes: rss, placements })
 }
 
 /// The migrations the window calls for: every rank decides the same; the ranks of each layer's stage

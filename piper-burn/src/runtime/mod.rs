@@ -12,6 +12,7 @@ pub mod migration;
 pub mod optim;
 pub mod plan;
 pub mod report;
+mod stage;
 
 use std::time::Instant;
 

@@ -1,0 +1,272 @@
+//! One rank's pipeline stage and one handler per instruction of its stream (`LoadMicroBatch`,
+//! `RecvActivation`, `Forward`, `SendActivation`, `RecvGrad`, `Backward`, `SendGrad`, `ReduceGrads`,
+//! `OptimizerStep`), in the spirit of DeepSpeed's `_INSTRUCTION_MAP`. Activations go to the next stage
+//! and gradients come back with nonblocking point-to-point messages (tags `2i` and `2i + 1` for
+//! micro-batch i); a stage's backward is the vector-Jacobian product of its output with the received
+//! gradient.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn::module::ParamId;
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use piper_comm::communicator::wait_all;
+use piper_comm::{Communicator, Pending};
+use piper_planner::schedule::Instr;
+
+use super::grads::{accumulate, clip_global_norm, parameters, reduce_gradients};
+use super::optim::AdamW;
+use crate::dispatcher::{SharedComm, TokenDispatcher};
+use crate::lm::CausalLm;
+
+/// Where a stage sits and the sizes of its micro-batches.
+pub(crate) struct StageShape {
+    pub index: usize,
+    pub is_last: bool,
+    /// World ranks of the same replica in the previous and next stage.
+    pub prev: usize,
+    pub next: usize,
+    /// EP·DP replicas per stage, this rank's replica, and the data-parallel degree.
+    pub replicas: usize,
+    pub data_rank: usize,
+    pub dp: usize,
+    /// Sequences per micro-batch, tokens per sequence, model width.
+    pub mbs: usize,
+    pub seq: usize,
+    pub d_model: usize,
+    /// Loss scale 1 / (EP·DP·M).
+    pub scale: f64,
+    /// MoE layers of the whole model, this stage's first one, routed experts per layer.
+    pub num_moe_total: usize,
+    pub first_moe: usize,
+    pub experts: usize,
+}
+
+/// One rank's stage: its layers, optimizer and groups.
+pub(crate) struct Stage<'a> {
+    pub shape: StageShape,
+    pub model: CausalLm,
+    pub optim: AdamW,
+    pub world: &'a dyn Communicator,
+    /// The stage's EP·DP ranks (non-expert gradients) and this rank's expert-data-parallel group.
+    pub stage_comm: SharedComm,
+    pub expert_dp_comm: Box<dyn Communicator>,
+    pub dispatcher: Option<Arc<dyn TokenDispatcher>>,
+    pub device: Device,
+    pub grad_clip: f64,
+}
+
+/// What a forward left for its backward.
+struct Saved {
+    input: Option<Tensor<3>>,
+    output: Tensor<3>,
+    /// Last stage: the scaled loss; other stages: the router-loss term of the stage's layers.
+    local_loss: Option<Tensor<1>>,
+}
+
+/// What one step accumulates while its instructions run.
+pub(crate) struct StepState {
+    ids: Vec<i64>,
+    params: Vec<(ParamId, usize, bool)>,
+    batches: Vec<Option<Tensor<2, Int>>>,
+    inputs: Vec<Option<Tensor<3>>>,
+    out_grads: Vec<Option<Tensor<3>>>,
+    in_grads: Vec<Option<Tensor<3>>>,
+    saved: Vec<Option<Saved>>,
+    sends: Vec<Box<dyn Pending>>,
+    acc: Option<GradientsParams>,
+    /// Cross-entropy summed over micro-batches (last stage) and the scaled router-loss terms.
+    pub ce_sum: f32,
+    pub router_sum: f32,
+    /// Tokens per expert of every MoE layer of the model (this stage's layers filled), over the step.
+    pub load: Vec<f32>,
+    pub grad_norm: f64,
+    /// Compute time (waits for neighbours excluded) and the time until the last backward.
+    pub busy: f64,
+    pub makespan: f64,
+    start: Instant,
+}
+
+fn to_bytes(t: Tensor<3>) -> Result<Vec<u8>, String> {
+    let v: Vec<f32> = t.into_data().convert::<f32>().try_into_vec::<f32>().map_err(|e| format!("{e:?}"))?;
+    Ok(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+}
+
+fn from_bytes(b: &[u8], shape: [usize; 3], device: &Device) -> Tensor<3> {
+    let v: Vec<f32> = b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    Tensor::from_data(TensorData::new(v, shape), device)
+}
+
+fn scalar(t: Tensor<1>) -> Result<f32, String> {
+    t.into_data().convert::<f32>().try_into_vec::<f32>().map(|v| v[0]).map_err(|e| format!("{e:?}"))
+}
+
+impl Stage<'_> {
+    /// A fresh step over the global batch's token ids `ids` with `m` micro-batches.
+    pub fn begin_step(&self, ids: Vec<i64>, m: usize) -> StepState {
+        StepState {
+            ids,
+            params: parameters(&self.model),
+            batches: vec![None; m],
+            inputs: vec![None; m],
+            out_grads: vec![None; m],
+            in_grads: vec![None; m],
+            saved: (0..m).map(|_| None).collect(),
+            sends: Vec::new(),
+            acc: None,
+            ce_sum: 0.0,
+            router_sum: 0.0,
+            load: vec![0.0; self.shape.num_moe_total * self.shape.experts],
+            grad_norm: 0.0,
+            busy: 0.0,
+            makespan: 0.0,
+            start: Instant::now(),
+        }
+    }
+
+    /// Runs one instruction (its handler) and books its compute time.
+    pub fn run(&mut self, instr: Instr, st: &mut StepState, lr: f64) -> Result<(), String> {
+        let t = Instant::now();
+        let waited = match instr {
+            Instr::LoadMicroBatch(i) => self.load_micro_batch(st, i as usize),
+            Instr::RecvActivation(i) => self.recv_activation(st, i as usize)?,
+            Instr::Forward(i) => self.forward(st, i as usize)?,
+            Instr::SendActivation(i) => self.send_activation(st, i as usize)?,
+            Instr::RecvGrad(i) => self.recv_grad(st, i as usize)?,
+            Instr::Backward(i) => self.backward(st, i as usize)?,
+            Instr::SendGrad(i) => self.send_grad(st, i as usize)?,
+            Instr::ReduceGrads => return self.reduce_grads(st),
+            Instr::OptimizerStep => return self.optimizer_step(st, lr),
+        };
+        st.busy += t.elapsed().as_secs_f64() - waited;
+        Ok(())
+    }
+
+    /// Micro-batch i of the step is rows `[i·R·mbs, (i + 1)·R·mbs)` of the global batch, split over the R
+    /// = EP·DP replicas: the same sequences whatever the layout, so a layout equals one process with the
+    /// same micro-batch count (the load-balancing loss sees one micro-batch at a time, as in Megatron).
+    fn load_micro_batch(&self, st: &mut StepState, i: usize) -> f64 {
+        let s = &self.shape;
+        let first_row = (i * s.replicas + s.data_rank) * s.mbs;
+        let rows = st.ids[first_row * (s.seq + 1)..(first_row + s.mbs) * (s.seq + 1)].to_vec();
+        st.batches[i] = Some(Tensor::from_data(TensorData::new(rows, [s.mbs, s.seq + 1]), &self.device));
+        0.0
+    }
+
+    /// Waits for a neighbour's message; returns it and the seconds waited.
+    fn receive(&self, from: usize, tag: usize, what: &str, i: usize) -> Result<(Tensor<3>, f64), String> {
+        let s = &self.shape;
+        let t = Instant::now();
+        let op = format!("stage {} receive {what} of micro-batch {i}", s.index);
+        let pending = self.world.irecv(from, tag as u32, s.mbs * s.seq * s.d_model * 4).map_err(|e| e.to_string())?;
+        let got = wait_all(self.world, vec![pending], &op).map_err(|e| e.to_string())?;
+        Ok((from_bytes(&got[0], [s.mbs, s.seq, s.d_model], &self.device), t.elapsed().as_secs_f64()))
+    }
+
+    fn recv_activation(&self, st: &mut StepState, i: usize) -> Result<f64, String> {
+        let (x, waited) = self.receive(self.shape.prev, 2 * i, "activations", i)?;
+        st.inputs[i] = Some(x.require_grad());
+        Ok(waited)
+    }
+
+    fn forward(&self, st: &mut StepState, i: usize) -> Result<f64, String> {
+        let (s, model) = (&self.shape, &self.model);
+        if let Some(d) = &self.dispatcher {
+            d.begin_forward();
+        }
+        let input = st.inputs[i].take();
+        let x = match &input {
+            Some(x) => x.clone(),
+            None => {
+                let ids = st.batches[i].clone().ok_or("schedule bug: forward before its micro-batch")?;
+                model.embed_tokens(ids.narrow(1, 0, s.seq))
+            }
+        };
+        let (out, moe) = model.forward_layers(x, 0..model.layers.len());
+        for (j, stats) in moe.iter().enumerate() {
+            let row = &mut st.load[(s.first_moe + j) * s.experts..(s.first_moe + j + 1) * s.experts];
+            for (a, c) in row.iter_mut().zip(&stats.tokens_per_expert) {
+                *a += *c as f32;
+            }
+        }
+        let router = model.router_losses(&moe, s.num_moe_total).map(|r| r * s.scale);
+        if let Some(r) = &router {
+            st.router_sum += scalar(r.clone())?;
+        }
+        let local_loss = if s.is_last {
+            let ids = st.batches[i].take().ok_or("schedule bug: the last stage has no targets")?;
+            let ce = model.cross_entropy(model.head(out.clone()), ids.narrow(1, 1, s.seq));
+            st.ce_sum += scalar(ce.clone())?;
+            Some(match router {
+                Some(r) => ce * s.scale + r,
+                None => ce * s.scale,
+            })
+        } else {
+            router
+        };
+        st.saved[i] = Some(Saved { input, output: out, local_loss });
+        Ok(0.0)
+    }
+
+    fn send_activation(&self, st: &mut StepState, i: usize) -> Result<f64, String> {
+        let out = st.saved[i].as_ref().ok_or("schedule bug: send before forward")?.output.clone();
+        let bytes = to_bytes(out.detach())?;
+        st.sends.push(self.world.isend(self.shape.next, (2 * i) as u32, bytes).map_err(|e| e.to_string())?);
+        Ok(0.0)
+    }
+
+    fn recv_grad(&self, st: &mut StepState, i: usize) -> Result<f64, String> {
+        let (g, waited) = self.receive(self.shape.next, 2 * i + 1, "gradients", i)?;
+        st.out_grads[i] = Some(g);
+        Ok(waited)
+    }
+
+    fn backward(&self, st: &mut StepState, i: usize) -> Result<f64, String> {
+        let saved = st.saved[i].take().ok_or("schedule bug: backward before forward")?;
+        let objective = match st.out_grads[i].take() {
+            // The vector-Jacobian product of the stage's output with the received gradient.
+            Some(g) => {
+                let vjp = (saved.output * g).sum();
+                match saved.local_loss {
+                    Some(r) => vjp + r,
+                    None => vjp,
+                }
+            }
+            None => saved.local_loss.ok_or("schedule bug: a middle stage's backward without a gradient")?,
+        };
+        let grads = objective.backward();
+        if let Some(x) = &saved.input {
+            let gx = x.grad(&grads).ok_or("the stage input got no gradient")?;
+            st.in_grads[i] = Some(Tensor::from_data(gx.into_data(), &self.device));
+        }
+        accumulate(&mut st.acc, GradientsParams::from_grads(grads, &self.model), &st.params)?;
+        Ok(0.0)
+    }
+
+    fn send_grad(&self, st: &mut StepState, i: usize) -> Result<f64, String> {
+        let g = st.in_grads[i].take().ok_or("schedule bug: send of a gradient not computed")?;
+        st.sends.push(self.world.isend(self.shape.prev, (2 * i + 1) as u32, to_bytes(g)?).map_err(|e| e.to_string())?);
+        Ok(0.0)
+    }
+
+    /// Waits for the step's sends, sums the gradients over the ranks that hold the same weights, and
+    /// clips them by the global norm.
+    fn reduce_grads(&self, st: &mut StepState) -> Result<(), String> {
+        st.makespan = st.start.elapsed().as_secs_f64();
+        let sends = std::mem::take(&mut st.sends);
+        wait_all(self.world, sends, &format!("stage {} pipeline sends", self.shape.index))
+            .map_err(|e| e.to_string())?;
+        let grads = st.acc.get_or_insert_with(GradientsParams::new);
+        reduce_gradients(grads, &st.params, self.stage_comm.get(), self.expert_dp_comm.as_ref())?;
+        st.grad_norm =
+            clip_global_norm(grads, &st.params, self.grad_clip, self.world, self.shape.replicas, self.shape.dp)?;
+        Ok(())
+    }
+
+    fn optimizer_step(&mut self, st: &mut StepState, lr: f64) -> Result<(), String> {
+        let grads = st.acc.take().unwrap_or_default();
+        self.model = self.optim.step(lr, self.model.clone(), &grads);
+        Ok(())
+    }
+}
