@@ -147,7 +147,7 @@ fn plans_that_do_not_fit_the_run_are_refused_naming_the_field() {
     let run = config();
     let plan = plan_for(&flags(1, 2, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), 2, &run).unwrap();
     let refusal = |p: &RunPlan, r: &RunConfig, ranks: usize| {
-        LocalWorld::run(ranks, |c| train(&c, p, r, 2).err().expect("refused"))[0].clone()
+        LocalWorld::run(ranks, |c| train(&c, p, r, 2).expect_err("refused"))[0].clone()
     };
     assert!(refusal(&plan, &run, 4).contains("`gpus` is 2 but the job has 4 ranks"));
     assert!(refusal(&plan, &run.clone().with_seq_len(31), 2).contains("`seq_len` is 15 but --seq-len is 31"));
@@ -180,7 +180,7 @@ fn ranks_that_disagree_are_stopped_before_the_first_step() {
     let plan = plan_for(&flags(1, 1, 2, 1, Schedule::OneFOneB, A2aAlgo::Flat), 2, &run).unwrap();
     let errs = LocalWorld::run(2, |c| {
         let mine = if c.rank() == 1 { run.clone().with_seed(99) } else { run.clone() };
-        train(&c, &plan, &mine, 2).err().expect("refused")
+        train(&c, &plan, &mine, 2).expect_err("refused")
     });
     for e in errs {
         assert!(e.contains("the seed of world rank(s) [1] differs from rank 0's"), "{e}");

@@ -312,7 +312,8 @@ mod tests {
     fn inconsistent_plan_files_are_refused_naming_the_field() {
         let good = tiny_plan();
         good.validate("p").unwrap();
-        let cases: Vec<(&str, Box<dyn Fn(&mut RunPlan)>)> = vec![
+        type Mutation = Box<dyn Fn(&mut RunPlan)>;
+        let cases: Vec<(&str, Mutation)> = vec![
             ("`version` is 2", Box::new(|p| p.version = 2)),
             ("`gpus` is 9", Box::new(|p| p.gpus = 9)),
             ("`pp` is 0", Box::new(|p| p.pp = 0)),

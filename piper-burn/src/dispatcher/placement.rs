@@ -15,7 +15,7 @@ impl ExpertPlacement {
     /// the same number of experts; a rank's experts take its slots in increasing id order.
     pub fn new(rank_of: Vec<usize>, ranks: usize) -> Result<Self, String> {
         let e = rank_of.len();
-        if ranks == 0 || e % ranks != 0 {
+        if ranks == 0 || !e.is_multiple_of(ranks) {
             return Err(format!("expert placement: {e} experts cannot be spread evenly over {ranks} ranks"));
         }
         let mut next = vec![0usize; ranks];

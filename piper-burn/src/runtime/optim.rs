@@ -119,7 +119,7 @@ impl ModuleMapper for Apply<'_> {
 
 #[cfg(test)]
 mod tests {
-    use burn::optim::{AdamWConfig, Optimizer as _};
+    use burn::optim::AdamWConfig;
 
     use super::*;
     use crate::mlp::{Mlp, MlpConfig};

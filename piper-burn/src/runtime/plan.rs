@@ -12,8 +12,8 @@ use piper_planner::run_plan::RunPlan;
 
 use super::config::RunConfig;
 
-/// Largest micro-batch count: each micro-batch takes two point-to-point tags.
-pub const MAX_MICRO_BATCHES: usize = (piper_comm::communicator::MAX_USER_TAG as usize + 1) / 2;
+/// Largest micro-batch count: each micro-batch takes two of the user tags `0..=MAX_USER_TAG`.
+pub const MAX_MICRO_BATCHES: usize = (piper_comm::communicator::MAX_USER_TAG as usize).div_ceil(2);
 
 /// A layout given by flags (`--pp --ep --dp --micro-batches --schedule --split --all-to-all`).
 #[derive(Clone, Debug, PartialEq)]

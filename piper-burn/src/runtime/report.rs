@@ -388,6 +388,16 @@ impl Fault {
     }
 }
 
+/// The fault point of `PIPER_FAULT=hang-in-migration` on `PIPER_FAULT_RANK` (a peer that dies while
+/// experts move: the others must name it within the timeout).
+pub fn hang_in_migration(world_rank: usize) {
+    let mine = std::env::var("PIPER_FAULT_RANK").ok().and_then(|r| r.parse::<usize>().ok()) == Some(world_rank);
+    if mine && std::env::var("PIPER_FAULT").is_ok_and(|v| v == "hang-in-migration") {
+        eprintln!("fault injection: this rank stops answering in expert migration");
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -409,15 +419,5 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(vec![]).is_nan());
-    }
-}
-
-/// The fault point of `PIPER_FAULT=hang-in-migration` on `PIPER_FAULT_RANK` (a peer that dies while
-/// experts move: the others must name it within the timeout).
-pub fn hang_in_migration(world_rank: usize) {
-    let mine = std::env::var("PIPER_FAULT_RANK").ok().and_then(|r| r.parse::<usize>().ok()) == Some(world_rank);
-    if mine && std::env::var("PIPER_FAULT").is_ok_and(|v| v == "hang-in-migration") {
-        eprintln!("fault injection: this rank stops answering in expert migration");
-        std::thread::sleep(std::time::Duration::from_secs(3600));
     }
 }
