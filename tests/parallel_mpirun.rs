@@ -203,7 +203,7 @@ fn a_plan_file_from_piper_plan_drives_a_four_rank_run() {
 }
 
 /// Forced expert migrations under mpirun (threshold 1, a check every 3 steps): the loss curve equals
-/// the run without migration, for EP=2 and PP=2×EP=2; a skewed workload (`--hot-experts 2:4`, both hot
+/// the run without migration, for EP=2, EP=4 and PP=2×EP=2; a skewed workload (`--hot-experts 2:4`, both hot
 /// experts on rank 0) is rebalanced by the plan's policy with a shorter check interval.
 #[test]
 fn expert_migration_under_mpirun_preserves_the_loss_curve() {
