@@ -198,7 +198,8 @@ impl RunSummary {
     /// placements). `flops_per_token` converts tokens/s into the platform MFU.
     pub fn new(plan: &RunPlan, trained: &super::executor::Trained, flops_per_token: f64) -> Self {
         let metrics = &trained.metrics;
-        let migration_seconds: f64 = metrics.iter().flat_map(|m| &m.migration).map(|e| e.seconds).sum();
+        // fold from +0.0: an empty f64 `sum()` is −0.0.
+        let migration_seconds = metrics.iter().flat_map(|m| &m.migration).map(|e| e.seconds).fold(0.0, |a, b| a + b);
         let run_seconds: f64 = metrics.iter().map(|m| m.step_time_s).sum::<f64>() + migration_seconds;
         let steady = &metrics[metrics.len().min(3).min(metrics.len().saturating_sub(1))..];
         let step_time = median(steady.iter().map(|m| m.step_time_s).collect());
