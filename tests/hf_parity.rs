@@ -9,6 +9,7 @@ use piper::models::hf_weights::{load_hf, read_f32, save_hf};
 use piper::models::lm_config;
 use piper::modules::losses::load_balancing_loss;
 use piper::planner::model::presets::load_model_str;
+use piper::testing::max_relative_difference;
 use safetensors::SafeTensors;
 
 const TOL: f32 = 1e-4;
@@ -20,10 +21,11 @@ fn fixture(name: &str) -> (String, Vec<u8>) {
     (config, bytes)
 }
 
+/// Differences relative to max(|theirs|, 1); NaN, infinity and a length mismatch fail.
 fn close(what: &str, ours: &[f32], theirs: &[f32]) {
-    assert_eq!(ours.len(), theirs.len(), "{what}: lengths differ");
-    let worst = ours.iter().zip(theirs).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0.0f32, f32::max);
-    assert!(worst <= TOL, "{what}: worst difference {worst:e} > {TOL:e}");
+    let f64s = |v: &[f32]| v.iter().map(|x| *x as f64).collect::<Vec<_>>();
+    let worst = max_relative_difference(&f64s(ours), &f64s(theirs), 1.0).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(worst <= TOL as f64, "{what}: worst difference {worst:e} > {TOL:e}");
 }
 
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
