@@ -88,7 +88,12 @@ fn run(mut cmd: Command, limit: Duration) -> (bool, String) {
     }
 }
 
+/// `mpirun -np np mixtral_train COMMON args` with `env` exported to the ranks.
 fn mpirun(np: usize, env: &[(&str, &str)], args: &[&str]) -> Command {
+    mpirun_with(np, env, COMMON, args)
+}
+
+fn mpirun_with(np: usize, env: &[(&str, &str)], common: &[&str], args: &[&str]) -> Command {
     let mut cmd = Command::new("mpirun");
     cmd.args(["--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", &np.to_string()]);
     for (k, v) in env {
@@ -96,7 +101,7 @@ fn mpirun(np: usize, env: &[(&str, &str)], args: &[&str]) -> Command {
         cmd.args(["-x", k]);
     }
     cmd.arg(example())
-        .args(COMMON)
+        .args(common)
         .args(args)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
@@ -175,15 +180,14 @@ fn a_plan_file_from_piper_plan_drives_a_four_rank_run() {
     let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
     let m = written["num_micro_batches"].as_u64().unwrap() as usize;
     let (summary, metrics) = (dir.join("summary.json"), dir.join("run.jsonl"));
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", "4"])
-        .arg(example())
-        .args(["--plan", plan.to_str().unwrap(), "--steps", "20", "--lr", "5e-3", "--warmup", "4", "--seed", "3"])
-        .args(["--no-progress", "--log-every", "0", "--summary", summary.to_str().unwrap()])
-        .args(["--metrics", metrics.to_str().unwrap()])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    let (ok, out) = run(cmd, Duration::from_secs(300));
+    // Not COMMON: batch and sequence length come from the plan file.
+    let args = [
+        ["--plan", plan.to_str().unwrap(), "--steps", "20", "--lr", "5e-3", "--warmup", "4", "--seed", "3"].as_slice(),
+        &["--no-progress", "--log-every", "0", "--summary", summary.to_str().unwrap()],
+        &["--metrics", metrics.to_str().unwrap()],
+    ]
+    .concat();
+    let (ok, out) = run(mpirun_with(4, &[], &[], &args), Duration::from_secs(300));
     assert!(ok, "the planned run failed:\n{out}");
     assert!(out.contains("plan (local platform): PP=2 × EP=2 × DP=1"), "{out}");
     let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();

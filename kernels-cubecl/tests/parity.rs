@@ -21,7 +21,9 @@ fn int_values<const D: usize>(t: Tensor<D, Int>) -> Vec<i64> {
 fn close(what: &str, a: &[f32], b: &[f32]) {
     assert_eq!(a.len(), b.len(), "{what}");
     let floor = b.iter().fold(1.0f32, |m, y| m.max(0.01 * y.abs()));
-    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs() / y.abs().max(floor)).fold(0.0f32, f32::max);
+    // NaN anywhere (or a NaN floor) fails: `max_by(total_cmp)` keeps NaN, and NaN < 2e-5 is false.
+    assert!(floor.is_finite(), "{what}: the reference has a non-finite value");
+    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs() / y.abs().max(floor)).max_by(f32::total_cmp).unwrap_or(0.0);
     assert!(worst < 2e-5, "{what}: worst difference {worst:e}");
 }
 
@@ -272,4 +274,11 @@ fn combine_rows_refuses_weights_of_the_wrong_shape() {
     let device = Device::flex();
     let map = RowMap::from_slots(&[1, 2, 3, 0], 2, 2, &device).unwrap();
     combine_rows(Tensor::<2>::zeros([4, 3], &device), Tensor::<2>::zeros([2, 1], &device), &map);
+}
+
+/// The comparison itself can fail: a NaN output (say, from a broken kernel) is not "within tolerance".
+#[test]
+#[should_panic(expected = "worst difference NaN")]
+fn the_comparison_fails_on_nan() {
+    close("nan output", &[1.0, f32::NAN], &[1.0, 1.0]);
 }

@@ -54,7 +54,7 @@ pub fn rank_loads(loads: &[f64], placement: &[u64], ranks: u64) -> Vec<f64> {
 /// Max / mean of rank loads (1 = balanced; 1 for an idle group).
 pub fn imbalance(rank_loads: &[f64]) -> f64 {
     let mean = rank_loads.iter().sum::<f64>() / rank_loads.len() as f64;
-    if mean <= 0.0 { 1.0 } else { rank_loads.iter().copied().fold(0.0, f64::max) / mean }
+    if mean <= 0.0 { 1.0 } else { rank_loads.iter().copied().max_by(f64::total_cmp).unwrap_or(0.0) / mean }
 }
 
 /// Checks the inputs of [`hill_climb`]; errors name the field.
@@ -151,7 +151,7 @@ pub fn rebalance(
             received[*to as usize] += bytes_per_expert;
         }
     }
-    let busiest = sent.iter().chain(&received).copied().fold(0.0, f64::max);
+    let busiest = sent.iter().chain(&received).copied().max_by(f64::total_cmp).unwrap_or(0.0);
     Ok(Migration {
         swaps,
         placement_after: after,

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use burn::prelude::*;
 use piper_comm::{Communicator, Topology};
-use piper_planner::migration::expert_bytes;
+use piper_planner::migration::{expert_bytes, imbalance};
 use piper_planner::model::ModelSpec;
 use piper_planner::platform::Platform;
 use piper_planner::run_plan::RunPlan;
@@ -236,10 +236,8 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
             sums[3..].chunks(experts.max(1)).map(|c| c.iter().map(|x| x.round() as usize).collect()).collect();
         let mine_counts = &counts[first_moe..first_moe + stage_moe];
         st.model = st.model.clone().update_router_biases(mine_counts, run.bias_update_rate);
-        let max_mean = |v: &[usize]| {
-            let mean = v.iter().sum::<usize>() as f64 / v.len().max(1) as f64;
-            if mean == 0.0 { 1.0 } else { *v.iter().max().unwrap_or(&0) as f64 / mean }
-        };
+        // Max / mean (the planner's measure of imbalance, 1 for an idle group).
+        let max_mean = |v: &[usize]| imbalance(&v.iter().map(|x| *x as f64).collect::<Vec<_>>());
         let dt = start.elapsed().as_secs_f64();
         let flops_per_s = job.flops_per_token * tokens_per_step / dt;
         let metrics = StepMetrics {

@@ -74,7 +74,7 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
                 let dt = t.elapsed().as_secs_f64();
                 let all = all_gather(world, &[dt], "bench timing").map_err(|e| e.to_string())?;
                 if it >= 2 {
-                    times.push(all.iter().map(|v| v[0]).fold(0.0, f64::max));
+                    times.push(all.iter().map(|v| v[0]).max_by(f64::total_cmp).unwrap_or(f64::NAN));
                 }
             }
             times.sort_by(f64::total_cmp);
@@ -192,7 +192,7 @@ fn dispatch<C: Communicator>(world: &C, topo: &Topology, a: &Args) -> Result<Vec
             }
             let all = all_gather(world, &[dt], "bench timing").map_err(|e| e.to_string())?;
             if it >= 2 {
-                times.push(all.iter().map(|v| v[0]).fold(0.0, f64::max));
+                times.push(all.iter().map(|v| v[0]).max_by(f64::total_cmp).unwrap_or(f64::NAN));
             }
         }
         let inter: usize = all_gather(world, &[inter as u64], "bench traffic")

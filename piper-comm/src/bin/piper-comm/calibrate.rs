@@ -90,7 +90,8 @@ fn nominal_core_flops() -> (f64, String) {
         .lines()
         .filter(|l| l.starts_with("cpu MHz"))
         .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
-        .fold(0.0, f64::max);
+        .max_by(f64::total_cmp)
+        .unwrap_or(f64::NAN);
     let mhz = if mhz > 0.0 { mhz } else { 2000.0 };
     (per_cycle * mhz * 1e6, format!("{per_cycle} f32 FLOP/cycle × {mhz:.0} MHz"))
 }
@@ -173,7 +174,8 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
             .map_err(|e| e.to_string())?
             .iter()
             .map(|v| v[0])
-            .fold(0.0, f64::max);
+            .max_by(f64::total_cmp)
+            .unwrap_or(f64::NAN);
         Some((lat, rails as f64 * bytes as f64 / worst))
     } else {
         None
