@@ -4,17 +4,13 @@
 //! mpi,ndarray,wgpu` (see `.ci/run`: the example must be built with the same features and profile); a
 //! missing mpirun fails.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
+use std::time::Duration;
 
+use common::{example, losses};
 use piper::testing::assert_close;
-
-fn example() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let bin = exe.parent().and_then(|d| d.parent()).expect("target/<profile>").join("examples").join("mixtral_train");
-    assert!(bin.exists(), "{} is missing: build it with `--release --features mpi,ndarray,wgpu`", bin.display());
-    bin
-}
 
 const COMMON: &[&str] = &[
     // The peak is given: timing 1024³ GEMMs in a debug build takes minutes on lavapipe.
@@ -37,34 +33,19 @@ const COMMON: &[&str] = &[
     "0",
 ];
 
-fn losses(path: &std::path::Path) -> Vec<f64> {
-    std::fs::read_to_string(path)
-        .expect("metrics file")
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON line")["loss"].as_f64().expect("loss"))
-        .collect()
-}
-
-fn run(mut cmd: Command, what: &str) {
-    let out = cmd.output().expect("spawn");
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{what} failed:\n{text}");
+fn run(cmd: Command, what: &str) {
+    let (ok, text) = common::run(cmd, Duration::from_secs(1200));
+    assert!(ok, "{what} failed:\n{text}");
 }
 
 fn equal_to_one_process(backend: &str) {
-    let dir = std::env::temp_dir().join(format!("piper-backend-{backend}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch(&format!("backend-{backend}"));
     let (single, multi) = (dir.join("single.jsonl"), dir.join("ep2.jsonl"));
     let mut cmd = Command::new(example());
     cmd.args(COMMON).args(["--backend", backend, "--metrics", single.to_str().unwrap()]);
     run(cmd, &format!("{backend}, one process"));
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", "2"])
-        .arg(example())
-        .args(COMMON)
-        .args(["--backend", backend, "--ep", "2", "--metrics", multi.to_str().unwrap()])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let mut cmd = common::mpirun(2, &[], &example());
+    cmd.args(COMMON).args(["--backend", backend, "--ep", "2", "--metrics", multi.to_str().unwrap()]);
     run(cmd, &format!("{backend}, mpirun -np 2 --ep 2"));
     let worst = assert_close(backend, &losses(&multi), &losses(&single), 1e-4);
     eprintln!("{backend}: EP=2 under mpirun vs one process, worst relative loss difference {worst:e}");

@@ -1,0 +1,95 @@
+//! Helpers shared by the tests that run the workspace's binaries (`mixtral_train`, `piper`) as a user
+//! would: locate them, run them with a time limit, launch them under `mpirun`, read their metrics.
+#![allow(dead_code)] // each test file uses a subset
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// One child process at a time: the tests share 2 cores, and concurrent `mpirun`s oversubscribe them.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// A binary of the workspace, under target/<profile>/ (`sub` = "examples" for an example, "" for a bin).
+pub fn binary(sub: &str, name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target/<profile>");
+    let bin = dir.join(sub).join(name);
+    assert!(bin.exists(), "{} is missing: `cargo test` builds it (with the features of this test run)", bin.display());
+    bin
+}
+
+/// `target/<profile>/examples/mixtral_train`, built by `cargo test` with this test's features.
+pub fn example() -> PathBuf {
+    binary("examples", "mixtral_train")
+}
+
+/// Runs a command to completion, or kills it and fails the test after `limit`; returns (success,
+/// stdout + stderr).
+pub fn run(mut cmd: Command, limit: Duration) -> (bool, String) {
+    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let out = child.wait_with_output().expect("output");
+            let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+            return (status.success(), text);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "hung for {limit:?}:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Fails the test when `mpirun` is missing: a test that needs it never passes without running.
+pub fn require_mpirun() {
+    let ok = Command::new("mpirun")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "mpirun is not installed: scripts/test-mpi.sh installs OpenMPI and runs the multi-rank tests");
+}
+
+/// `mpirun -np np BIN` (oversubscribed, yielding when idle, allowed as root) with `env` exported to the
+/// ranks; the caller adds BIN's arguments.
+pub fn mpirun(np: usize, env: &[(&str, &str)], bin: &Path) -> Command {
+    require_mpirun();
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", &np.to_string()]);
+    for (k, v) in env {
+        cmd.env(k, v);
+        cmd.args(["-x", k]);
+    }
+    cmd.arg(bin).env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    cmd
+}
+
+/// The `loss` of every line of a metrics JSONL file, in order.
+pub fn losses(path: &Path) -> Vec<f64> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("metrics file {}: {e}", path.display()))
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("JSON line");
+            v["loss"].as_f64().expect("loss")
+        })
+        .collect()
+}
+
+/// A fresh scratch directory under the system temp dir, unique to this process and `name`.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("piper-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}

@@ -1,0 +1,92 @@
+//! `mixtral_train`'s command line on one process, run as a user would: `--plan auto` picks a layout and
+//! reports its prediction error; every class of bad run configuration gets one `error:` line naming the
+//! flag, exit code 2, and no work; layouts that need more ranks than the job has are refused.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{example, run};
+
+const COMMON: &[&str] = &[
+    "--steps",
+    "20",
+    "--batch-size",
+    "8",
+    "--seq-len",
+    "31",
+    "--lr",
+    "5e-3",
+    "--warmup",
+    "4",
+    "--seed",
+    "3",
+    "--no-progress",
+    "--log-every",
+    "0",
+];
+
+#[test]
+fn plan_auto_picks_a_layout_and_reports_its_prediction_error() {
+    let mut cmd = Command::new(example());
+    cmd.args(COMMON).args(["--plan", "auto"]);
+    let (ok, out) = run(cmd, Duration::from_secs(120));
+    assert!(ok, "{out}");
+    assert!(out.contains("plan (local platform): PP=1 × EP=1 × DP=1"), "{out}");
+    assert!(out.contains("plan vs measured (local platform): step"), "{out}");
+}
+
+/// Bad run configurations: one line naming the flag, exit code 2, before any work (no "step" line), for
+/// every class — zero and absurd sizes, non-finite and negative numbers, layouts and micro-batches that do
+/// not divide, a missing or foreign plan file.
+#[test]
+fn bad_run_configurations_get_one_line_and_exit_2() {
+    let dir = common::scratch("bad");
+    let foreign = dir.join("foreign.json");
+    std::fs::write(&foreign, r#"{"version": 1, "pipeline": "x"}"#).unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--batch-size", "0", "--micro-batches", "2"], "--batch-size is 0"),
+        (vec!["--steps", "0", "--pp", "2"], "--steps is 0"),
+        (vec!["--seq-len", "0"], "--seq-len is 0"),
+        (vec!["--seq-len", "1"], "--seq-len is 1"),
+        (vec!["--lr", "NaN"], "--lr is NaN"),
+        (vec!["--lr", "-1"], "--lr is -1"),
+        (vec!["--grad-clip", "-1"], "--grad-clip is -1"),
+        (vec!["--grad-clip", "inf"], "--grad-clip is inf"),
+        (vec!["--aux-loss-coef", "NaN"], "--aux-loss-coef is NaN"),
+        (vec!["--steps", "1000000000"], "--steps is 1000000000"),
+        (vec!["--seq-len", "100000"], "more than this machine's"),
+        (vec!["--micro-batches", "3"], "must be divisible by EP·DP·micro-batches"),
+        (vec!["--micro-batches", "100000"], "--micro-batches is 100000"),
+        (vec!["--ep", "2"], "--pp 1 × --ep 2 × --dp 1 = 2 ranks, but the job has 1"),
+        (vec!["--pp", "2"], "--pp 2 × --ep 1 × --dp 1 = 2 ranks, but the job has 1"),
+        (vec!["--plan", "/nonexistent/plan.json"], "--plan /nonexistent/plan.json"),
+        (vec!["--plan", foreign.to_str().unwrap()], "not a Piper plan file"),
+        (vec!["--grammar-alphabet", "1"], "--grammar-alphabet is 1"),
+    ];
+    for (args, want) in cases {
+        let mut cmd = Command::new(example());
+        // Not COMMON: its --steps/--seq-len would come first; the flags under test are enough.
+        cmd.args(["--no-progress", "--log-every", "1"]).args(&args);
+        let out = cmd.output().expect("spawn");
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        let errors: Vec<&str> = text.lines().filter(|l| l.starts_with("error:")).collect();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: exit {:?}\n{text}", out.status.code());
+        assert!(errors.len() == 1 && errors[0].contains(want), "{args:?}: want one error line with `{want}`:\n{text}");
+        assert!(!text.contains("step "), "{args:?}: work started before the refusal:\n{text}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_layouts_are_refused_with_the_reason() {
+    let mut cmd = Command::new(example());
+    cmd.args(COMMON).args(["--ep", "2"]);
+    let (ok, out) = run(cmd, Duration::from_secs(60));
+    assert!(!ok && out.contains("error: --pp 1 × --ep 2 × --dp 1 = 2 ranks, but the job has 1"), "{out}");
+    let mut cmd = Command::new(example());
+    cmd.args(COMMON).args(["--pp", "2"]);
+    let (ok, out) = run(cmd, Duration::from_secs(60));
+    assert!(!ok && out.contains("--pp 2 × --ep 1 × --dp 1 = 2 ranks, but the job has 1"), "{out}");
+}
