@@ -145,7 +145,7 @@ fn network_s(platform: &Platform, bytes_by_level: [f64; 3], msg_bytes: f64, nic_
     let inject = platform.injection_gbs().min(platform.topology.switch.node_gbs) * nic_fraction;
     // Traffic at level ≥ ℓ is bounded by level ℓ's per-node bandwidth (the injection bounds it all).
     let bounds = [inject, platform.topology.group.node_gbs.min(inject), platform.topology.system.node_gbs.min(inject)];
-    (0..3).map(|l| bytes_by_level[l..].iter().sum::<f64>() / (bounds[l] * 1e9 * eff)).fold(0.0, f64::max)
+    crate::limits::max_or_zero((0..3).map(|l| bytes_by_level[l..].iter().sum::<f64>() / (bounds[l] * 1e9 * eff)))
 }
 
 /// Per-message sender cost of `count_by_level` messages.
@@ -159,37 +159,32 @@ pub fn all_to_all_s(platform: &Platform, shape: &GroupShape, bytes_per_peer: f64
         return 0.0;
     }
     let b = bytes_per_peer;
-    shape
-        .nodes
-        .iter()
-        .map(|node| {
-            let c = node.locals.len() as f64;
-            let phase_1 = intra_exchange_s(platform, &node.locals, b);
-            let total_remote_nodes: u64 = node.remote_nodes.iter().sum();
-            if total_remote_nodes == 0 {
-                return phase_1;
+    crate::limits::max_or_zero(shape.nodes.iter().map(|node| {
+        let c = node.locals.len() as f64;
+        let phase_1 = intra_exchange_s(platform, &node.locals, b);
+        let total_remote_nodes: u64 = node.remote_nodes.iter().sum();
+        if total_remote_nodes == 0 {
+            return phase_1;
+        }
+        let bytes: [f64; 3] = std::array::from_fn(|l| c * node.remote_ranks[l] as f64 * b);
+        match algo {
+            A2aAlgo::Flat | A2aAlgo::Pairwise => {
+                let inter = latency_s(platform, node.remote_ranks) + network_s(platform, bytes, b, node.nic_fraction);
+                phase_1.max(inter)
             }
-            let bytes: [f64; 3] = std::array::from_fn(|l| c * node.remote_ranks[l] as f64 * b);
-            match algo {
-                A2aAlgo::Flat | A2aAlgo::Pairwise => {
-                    let inter =
-                        latency_s(platform, node.remote_ranks) + network_s(platform, bytes, b, node.nic_fraction);
-                    phase_1.max(inter)
-                }
-                A2aAlgo::Halo => {
-                    let remote_ranks: u64 = node.remote_ranks.iter().sum();
-                    let packed = b * remote_ranks as f64 / total_remote_nodes as f64; // c_dest · B on average
-                    let phase_2 =
-                        latency_s(platform, node.remote_nodes) + network_s(platform, bytes, packed, node.nic_fraction);
-                    // Each member forwards to each local peer the B-sized pieces of every remote source it
-                    // relays for: remote_ranks / c sources per member.
-                    let phase_3 = intra_exchange_s(platform, &node.locals, b * remote_ranks as f64 / c);
-                    let chunk = phase_2.min(phase_3) / total_remote_nodes as f64;
-                    phase_1.max(phase_2.max(phase_3) + chunk)
-                }
+            A2aAlgo::Halo => {
+                let remote_ranks: u64 = node.remote_ranks.iter().sum();
+                let packed = b * remote_ranks as f64 / total_remote_nodes as f64; // c_dest · B on average
+                let phase_2 =
+                    latency_s(platform, node.remote_nodes) + network_s(platform, bytes, packed, node.nic_fraction);
+                // Each member forwards to each local peer the B-sized pieces of every remote source it
+                // relays for: remote_ranks / c sources per member.
+                let phase_3 = intra_exchange_s(platform, &node.locals, b * remote_ranks as f64 / c);
+                let chunk = phase_2.min(phase_3) / total_remote_nodes as f64;
+                phase_1.max(phase_2.max(phase_3) + chunk)
             }
-        })
-        .fold(0.0, f64::max)
+        }
+    }))
 }
 
 /// Point-to-point transfer of `bytes` between two ranks while every rank of the node does the same.

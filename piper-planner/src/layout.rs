@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::limits;
 use crate::model::ModelSpec;
 
 /// Degrees of pipeline, expert and data parallelism.
@@ -40,10 +41,14 @@ impl Layout {
     pub fn validate(&self, spec: &ModelSpec, gpus: Option<u64>) -> Result<()> {
         let src = "layout";
         for (flag, v) in [("--pp", self.pp), ("--ep", self.ep), ("--dp", self.dp)] {
-            if v == 0 {
-                return Err(Error::invalid(src, flag, "must be ≥ 1"));
-            }
+            limits::count(src, flag, v, 1, limits::MAX_GPUS)?;
         }
+        limits::product(
+            src,
+            "--pp × --ep × --dp",
+            &[("pp", self.pp), ("ep", self.ep), ("dp", self.dp)],
+            limits::MAX_GPUS,
+        )?;
         if let Some(g) = gpus
             && self.gpus() != g
         {
@@ -196,32 +201,33 @@ impl TrainConfig {
 
     pub fn validate(&self) -> Result<()> {
         let src = "training config";
-        for (flag, v) in [
-            ("--seq-len", self.seq_len),
-            ("--micro-batch-size", self.micro_batch_size),
-            ("--num-micro-batches", self.num_micro_batches),
-        ] {
-            if v == 0 {
-                return Err(Error::invalid(src, flag, "must be ≥ 1"));
-            }
-        }
-        if self.expert_imbalance.is_nan() || self.expert_imbalance < 1.0 {
-            return Err(Error::invalid(
-                src,
-                "--expert-imbalance",
-                "is max/mean tokens per expert rank and must be ≥ 1",
-            ));
-        }
+        limits::count(src, "--seq-len", self.seq_len, 1, limits::MAX_SEQ_LEN)?;
+        limits::count(src, "--micro-batch-size", self.micro_batch_size, 1, limits::MAX_BATCH)?;
+        limits::count(src, "--num-micro-batches", self.num_micro_batches, 1, limits::MAX_BATCH)?;
+        // max/mean tokens per expert rank: ≥ 1 by definition (and ≤ the expert-parallel degree).
+        limits::number(src, "--expert-imbalance", self.expert_imbalance, 1.0, limits::MAX_EXPERTS as f64)?;
         for (flag, v) in [
             ("--weight-bytes", self.weight_bytes),
             ("--grad-bytes", self.grad_bytes),
             ("--optimizer-bytes", self.optimizer_bytes),
         ] {
-            if !(v >= 0.0 && v.is_finite()) {
-                return Err(Error::invalid(src, flag, "must be a non-negative number of bytes per parameter"));
-            }
+            limits::number(src, flag, v, 0.0, limits::MAX_BYTES_PER_PARAM)?;
         }
         self.elem_bytes().map(|_| ())
+    }
+
+    /// [`TrainConfig::validate`], and the tokens of one step under `layout` (micro-batch size × micro-batches
+    /// × EP × DP × sequence length) within [`limits::MAX_STEP_TOKENS`].
+    pub fn validate_for(&self, layout: &Layout) -> Result<()> {
+        self.validate()?;
+        let factors = [
+            ("micro-batch size", self.micro_batch_size),
+            ("micro-batches", self.num_micro_batches),
+            ("ep", layout.ep),
+            ("dp", layout.dp),
+            ("seq-len", self.seq_len),
+        ];
+        limits::product("training config", "tokens per step", &factors, limits::MAX_STEP_TOKENS).map(|_| ())
     }
 }
 
@@ -275,9 +281,21 @@ impl StageSplit {
     }
 }
 
-/// Divisors of `n`, increasing.
+/// Divisors of `n`, increasing (trial division up to √n).
 pub fn divisors(n: u64) -> Vec<u64> {
-    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+    let (mut low, mut high) = (Vec::new(), Vec::new());
+    let mut d = 1u64;
+    while d.checked_mul(d).is_some_and(|dd| dd <= n) {
+        if n.is_multiple_of(d) {
+            low.push(d);
+            if d != n / d {
+                high.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    low.extend(high.into_iter().rev());
+    low
 }
 
 #[cfg(test)]
@@ -297,6 +315,15 @@ mod tests {
     }
 
     #[test]
+    fn divisors_match_trial_division_of_every_number() {
+        for n in 1..=400u64 {
+            let naive: Vec<u64> = (1..=n).filter(|d| n % d == 0).collect();
+            assert_eq!(divisors(n), naive, "{n}");
+        }
+        assert_eq!(divisors(1 << 40).len(), 41);
+    }
+
+    #[test]
     fn even_split_puts_the_remainder_last() {
         assert_eq!(StageSplit::even(61, 4).0, vec![15, 15, 15, 16]);
         assert_eq!(StageSplit::even(32, 4).0, vec![8; 4]);
@@ -313,7 +340,7 @@ mod tests {
         let err = Layout { pp: 2, ep: 2, dp: 1 }.validate(&spec, Some(8)).unwrap_err().to_string();
         assert!(err.contains("= 4 but 8 GPUs"), "{err}");
         let err = Layout { pp: 0, ep: 1, dp: 1 }.validate(&spec, None).unwrap_err().to_string();
-        assert!(err.contains("`--pp` must be ≥ 1"), "{err}");
+        assert!(err.contains("`--pp` is 0; it must be in 1..="), "{err}");
         let err = StageSplit::parse("10,10", 32, 2).unwrap_err().to_string();
         assert!(err.contains("sum to 32"), "{err}");
     }

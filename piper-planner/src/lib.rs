@@ -6,9 +6,11 @@
 //!
 //! No Burn dependency: everything here is arithmetic over specs, so its tests run in seconds.
 
+pub mod atomic;
 pub mod comm;
 pub mod error;
 pub mod layout;
+pub mod limits;
 pub mod memory;
 pub mod migration;
 pub mod model;

@@ -188,7 +188,7 @@ impl Footprint {
             ]);
         }
         let ws_of = |want: LayerKind| {
-            spec.layers.iter().zip(&layer_ws).filter(|(k, _)| **k == want).map(|(_, w)| *w).fold(0.0, f64::max)
+            crate::limits::max_or_zero(spec.layers.iter().zip(&layer_ws).filter(|(k, _)| **k == want).map(|(_, w)| *w))
         };
         Ok(Footprint {
             prefix,
@@ -218,7 +218,7 @@ impl Footprint {
             act.add(a);
         }
         let mut act = act.scaled(in_flight as f64);
-        act.recompute_working_set = self.layer_working_set[range].iter().copied().fold(0.0, f64::max);
+        act.recompute_working_set = crate::limits::max_or_zero(self.layer_working_set[range].iter().copied());
         if stage == 0 {
             params += self.first_stage_params.0;
             opt_params += self.first_stage_params.1;

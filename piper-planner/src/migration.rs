@@ -11,6 +11,7 @@
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::limits;
 use crate::model::ModelSpec;
 use crate::model::counts::mlp_params;
 
@@ -67,12 +68,12 @@ pub fn validate(loads: &[f64], placement: &[u64], ranks: u64) -> Result<()> {
             format!("needs one rank per expert: {} loads, {} placements", loads.len(), placement.len()),
         ));
     }
-    if loads.iter().any(|l| !(l.is_finite() && *l >= 0.0)) {
-        return Err(Error::invalid(src, "loads", "must be non-negative token counts"));
+    limits::count(src, "loads (experts)", loads.len() as u64, 1, limits::MAX_EXPERTS)?;
+    if let Some(l) = loads.iter().find(|l| !(l.is_finite() && **l >= 0.0 && **l <= 1e18)) {
+        return Err(Error::invalid(src, "loads", format!("has {l}; loads must be finite token counts in [0, 1e18]")));
     }
-    if ranks == 0 {
-        return Err(Error::invalid(src, "ranks", "must be ≥ 1"));
-    }
+    // Every rank of an expert group holds at least one expert.
+    limits::count(src, "ranks", ranks, 1, loads.len() as u64)?;
     if let Some(r) = placement.iter().find(|r| **r >= ranks) {
         return Err(Error::invalid(src, "placement", format!("rank {r} is outside the expert group of {ranks} ranks")));
     }
@@ -122,6 +123,7 @@ pub fn expert_bytes(spec: &ModelSpec, bytes_per_param: f64) -> Result<f64> {
     let moe = spec.moe.as_ref().ok_or_else(|| {
         Error::invalid(format!("model `{}`", spec.name), "num_experts", "is a dense model: nothing to migrate")
     })?;
+    limits::number("migration", "--bytes-per-param", bytes_per_param, 0.0, limits::MAX_BYTES_PER_PARAM)?;
     Ok(mlp_params(spec.hidden_size, &moe.expert) as f64 * bytes_per_param)
 }
 
@@ -135,9 +137,8 @@ pub fn rebalance(
     link_gbs: f64,
 ) -> Result<Migration> {
     validate(loads, placement, ranks)?;
-    if link_gbs.is_nan() || link_gbs <= 0.0 {
-        return Err(Error::invalid("migration input", "--link-gbps", "must be a positive bandwidth in GB/s"));
-    }
+    limits::positive("migration input", "--link-gbps", link_gbs, 1e6)?;
+    limits::number("migration input", "--expert-bytes", bytes_per_expert, 0.0, 1e15)?;
     let (swaps, after) = hill_climb(loads, placement, ranks, max_iterations);
     let before_loads = rank_loads(loads, placement, ranks);
     let after_loads = rank_loads(loads, &after, ranks);
@@ -167,9 +168,7 @@ pub fn rebalance(
 
 /// Piper's worst case (Table IV): every expert of one layer changes rank, `E · expert bytes / G` per GPU.
 pub fn worst_case_bytes_per_gpu(spec: &ModelSpec, group_size: u64, bytes_per_param: f64) -> Result<f64> {
-    if group_size == 0 {
-        return Err(Error::invalid("migration", "--group-size", "must be ≥ 1"));
-    }
+    limits::count("migration", "--group-size", group_size, 1, limits::MAX_GPUS)?;
     Ok(spec.num_experts() as f64 * expert_bytes(spec, bytes_per_param)? / group_size as f64)
 }
 
@@ -215,7 +214,23 @@ mod tests {
             for r in 0..4 {
                 prop_assert_eq!(m.placement_after.iter().filter(|p| **p == r).count(), 4);
             }
-            // The max load falls strictly with every swap.
+            // Replaying the swaps: each takes an expert off a most-loaded rank onto a least-loaded one,
+            // both of the pair's new loads are strictly below the old maximum, and the maximum never rises.
+            let mut place = placement.clone();
+            for s in &m.swaps {
+                let before = rank_loads(&loads, &place, 4);
+                let max = before.iter().copied().max_by(f64::total_cmp).unwrap();
+                let min = before.iter().copied().min_by(f64::total_cmp).unwrap();
+                prop_assert_eq!(before[s.from_rank as usize], max);
+                prop_assert_eq!(before[s.to_rank as usize], min);
+                prop_assert_eq!((place[s.expert_out as usize], place[s.expert_in as usize]), (s.from_rank, s.to_rank));
+                place[s.expert_out as usize] = s.to_rank;
+                place[s.expert_in as usize] = s.from_rank;
+                let after = rank_loads(&loads, &place, 4);
+                prop_assert!(after[s.from_rank as usize] < max && after[s.to_rank as usize] < max, "{:?} → {:?}", before, after);
+                prop_assert!(after.iter().all(|l| *l <= max));
+            }
+            prop_assert_eq!(&place, &m.placement_after);
             let total: f64 = loads.iter().sum();
             prop_assert!((m.rank_loads_after.iter().sum::<f64>() - total).abs() < 1e-9);
             prop_assert!(m.experts_moved <= 2 * m.swaps.len() as u64);

@@ -175,7 +175,7 @@ pub fn price(
     split: &StageSplit,
 ) -> Result<PlanCandidate> {
     layout.validate(spec, None)?;
-    cfg.validate()?;
+    cfg.validate_for(layout)?;
     split.validate(spec.num_layers, layout.pp)?;
     let footprint = Footprint::new(spec, platform, layout, cfg)?;
     let prediction = CostModel::new(spec, platform, layout, cfg, algo)?.predict(split);
@@ -221,13 +221,34 @@ fn candidate(
 
 /// Searches the space and ranks the feasible plans by predicted MFU.
 pub fn plan(spec: &ModelSpec, platform: &Platform, req: &PlanRequest) -> Result<PlanReport> {
-    if req.gpus == 0 {
-        return Err(Error::invalid("plan", "--gpus", "must be ≥ 1"));
-    }
-    if req.global_batch == 0 {
-        return Err(Error::invalid("plan", "--global-batch", "must be ≥ 1 sequence"));
-    }
+    crate::limits::count("plan", "--gpus", req.gpus, 1, crate::limits::MAX_GPUS)?;
+    crate::limits::count("plan", "--global-batch", req.global_batch, 1, crate::limits::MAX_BATCH)?;
     req.base.validate()?;
+    let tokens = [("global batch", req.global_batch), ("seq-len", req.base.seq_len)];
+    crate::limits::product("plan", "tokens per step", &tokens, crate::limits::MAX_STEP_TOKENS)?;
+    for &mbs in &req.micro_batch_sizes {
+        crate::limits::count("plan", "--micro-batch-sizes", mbs, 1, crate::limits::MAX_BATCH)?;
+    }
+    if req.micro_batch_sizes.is_empty() || req.schedules.is_empty() || req.recomputes.is_empty() || req.algos.is_empty()
+    {
+        return Err(Error::invalid(
+            "plan",
+            "--micro-batch-sizes/--schedules/--recompute/--all-to-all",
+            "each needs at least one value",
+        ));
+    }
+    for (flag, fixed) in [("--pp", req.pp), ("--ep", req.ep)] {
+        if let Some(v) = fixed
+            && (v == 0 || !req.gpus.is_multiple_of(v))
+        {
+            let options: Vec<String> = divisors(req.gpus).iter().map(u64::to_string).collect();
+            return Err(Error::invalid(
+                "plan",
+                flag,
+                format!("{v} must divide --gpus {}; try one of {}", req.gpus, options.join(", ")),
+            ));
+        }
+    }
     platform.peak_flops(&req.base.dtype)?;
     let experts = spec.num_experts().max(1);
     let g = platform.gpus_per_node;

@@ -186,15 +186,9 @@ impl RunPlan {
         if self.rank_order != "ep,dp,pp" {
             return bad("rank_order", format!("is `{}`; the runtime lays ranks out as `ep,dp,pp`", self.rank_order));
         }
-        for (field, v) in [
-            ("seq_len", self.seq_len),
-            ("micro_batch_size", self.micro_batch_size),
-            ("num_micro_batches", self.num_micro_batches),
-        ] {
-            if v == 0 {
-                return bad(field, "must be ≥ 1".into());
-            }
-        }
+        crate::limits::count(source, "seq_len", self.seq_len, 1, crate::limits::MAX_SEQ_LEN)?;
+        crate::limits::count(source, "micro_batch_size", self.micro_batch_size, 1, crate::limits::MAX_BATCH)?;
+        crate::limits::count(source, "num_micro_batches", self.num_micro_batches, 1, crate::limits::MAX_BATCH)?;
         let batch = self
             .micro_batch_size
             .checked_mul(self.num_micro_batches)
@@ -226,6 +220,13 @@ impl RunPlan {
                 );
             }
             next_layer = next_layer.saturating_add(stage.num_layers);
+            // Lengths first: the expected list is only built for a plan that lists that many ranks.
+            if stage.ranks.len() as u64 != self.ep * self.dp {
+                return bad(
+                    "stages",
+                    format!("stage {s} lists {} ranks but ep·dp = {}", stage.ranks.len(), self.ep * self.dp),
+                );
+            }
             let expect: Vec<u64> = (0..self.dp).flat_map(|d| (0..self.ep).map(move |e| layout.rank(s, d, e))).collect();
             if stage.ranks != expect {
                 return bad(
@@ -319,7 +320,7 @@ mod tests {
             ("`pp` is 0", Box::new(|p| p.pp = 0)),
             ("`dp` is 1099511627777", Box::new(|p| p.dp = (1 << 40) + 1)),
             ("`global_batch`", Box::new(|p| p.global_batch += 1)),
-            ("`micro_batch_size` must be", Box::new(|p| p.micro_batch_size = 0)),
+            ("`micro_batch_size` is 0; it must be in 1..=", Box::new(|p| p.micro_batch_size = 0)),
             ("`stages` stage 1 must hold ranks [4, 5, 6, 7]", Box::new(|p| p.stages[1].ranks.swap(0, 1))),
             ("`stages` entry 1", Box::new(|p| p.stages[1].first_layer += 1)),
             ("`expert_placement` puts expert 3 on rank 7", Box::new(|p| p.expert_placement[3] = 7)),

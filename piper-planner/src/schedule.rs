@@ -180,7 +180,7 @@ pub fn simulate(schedule: Schedule, m: u64, forward_s: &[f64], backward_s: &[f64
         }
         assert!(done > before, "pipeline op lists deadlocked (a schedule bug)");
     }
-    let makespan_s = clock.iter().copied().fold(0.0, f64::max);
+    let makespan_s = crate::limits::max_or_zero(clock.iter().copied());
     let busy_s: Vec<f64> = (0..pp).map(|s| m as f64 * (forward_s[s] + backward_s[s])).collect();
     // Clamped: with no idle time, round-off in the sums can leave −2e-16.
     let bubble_fraction =

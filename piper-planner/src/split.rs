@@ -17,7 +17,7 @@ pub fn balanced_split(
     let times: Vec<f64> = (0..num_layers as usize).map(|i| cost.layer_total_s(i)).collect();
     let extra = cost.last_stage_extra_s();
     let total: f64 = times.iter().sum::<f64>() + extra;
-    let longest = times.iter().copied().fold(0.0, f64::max);
+    let longest = crate::limits::max_or_zero(times.iter().copied());
     // Feasibility of a bottleneck `t`: fill stages left to right as long as time and memory allow,
     // keeping at least one layer for each later stage.
     let fill = |t: f64| -> Option<StageSplit> {
@@ -92,7 +92,7 @@ mod tests {
         let even = StageSplit::even(61, 8);
         assert!(cost.predict(&split).step_time_s <= cost.predict(&even).step_time_s * (1.0 + 1e-9));
         // A memory cap forces a feasible split or none: never one that overflows.
-        let cap = fp.stages(&even).iter().map(|s| s.total_bytes).fold(0.0, f64::max) * 0.98;
+        let cap = crate::limits::max_or_zero(fp.stages(&even).iter().map(|s| s.total_bytes)) * 0.98;
         if let Some(capped) = balanced_split(&cost, &fp, 61, 8, cap) {
             assert!(fp.stages(&capped).iter().all(|s| s.total_bytes <= cap));
         }

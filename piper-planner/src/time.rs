@@ -265,7 +265,7 @@ impl<'a> CostModel<'a> {
         let bwd: Vec<f64> = stages.iter().map(|s| s.backward_s).collect();
         let p2p: Vec<f64> = stages.iter().map(|s| s.p2p_s).collect();
         let pipeline = simulate(self.cfg.schedule, self.cfg.num_micro_batches, &fwd, &bwd, &p2p);
-        let tail = stages.iter().map(|s| s.grad_reduce_s + s.optimizer_s).fold(0.0, f64::max);
+        let tail = crate::limits::max_or_zero(stages.iter().map(|s| s.grad_reduce_s + s.optimizer_s));
         let step_time_s = pipeline.makespan_s + tail;
         let tokens = (self.cfg.global_batch(&self.layout) * self.cfg.seq_len) as f64;
         let model_flops = self.flops_per_token * tokens;

@@ -190,7 +190,10 @@ fn bad_input_is_one_clear_line() {
     let cases: &[(&[&str], &str)] = &[
         (&["memory", "--model", "mixtral-8x7b", "--ep", "3"], "`--ep` EP = 3 must divide the 8 routed experts"),
         (&["memory", "--model", "mixtral-8x7b", "--pp", "40"], "`--pp` 40 stages > 32 layers"),
-        (&["plan", "--model", "mixtral-8x7b", "--gpus", "0", "--global-batch", "8"], "`--gpus` must be ≥ 1"),
+        (
+            &["plan", "--model", "mixtral-8x7b", "--gpus", "0", "--global-batch", "8"],
+            "`--gpus` is 0; it must be in 1..=",
+        ),
         (&["model", "--preset", "gpt-5"], "`gpt-5` is not known"),
         (
             &["plan", "--model", "tiny", "--platform", "mars", "--gpus", "2", "--global-batch", "2"],

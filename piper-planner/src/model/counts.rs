@@ -130,6 +130,23 @@ pub fn mtp_module_params(spec: &ModelSpec) -> u64 {
     3 * spec.norm.params(d) + 2 * d * d + layer_params(spec, spec.mtp_layer_kind()).total()
 }
 
+/// An upper bound on the parameter count, in `f64` so that it cannot wrap: what [`ModelSpec::validate`]
+/// compares with [`crate::limits::MAX_PARAMS`] before any exact `u64` count is formed. Each term is
+/// at least its exact counterpart (every layer priced as the larger of dense and MoE, MTP modules
+/// as layers plus their `2d → d` projection), and with the spec's field bounds each factor is exact.
+pub fn params_upper_bound(spec: &ModelSpec) -> f64 {
+    let d = spec.hidden_size as f64;
+    let dense = spec.dense_mlp.as_ref().map_or(0.0, |m| mlp_params(spec.hidden_size, m) as f64);
+    let moe = spec.moe.as_ref().map_or(0.0, |m| {
+        let e = m.num_experts as f64 * mlp_params(spec.hidden_size, &m.expert) as f64;
+        let shared = m.num_shared_experts as f64 * mlp_params(spec.hidden_size, &m.shared_expert()) as f64;
+        e + shared + (d + 1.0) * (m.num_experts as f64 + 1.0)
+    });
+    let layer = attention_params(spec) as f64 + 4.0 * d + dense.max(moe);
+    let layers = spec.num_layers as f64 + spec.mtp_depth as f64;
+    layers * layer + spec.mtp_depth as f64 * (2.0 * d * d + 6.0 * d) + 2.0 * spec.vocab_size as f64 * d + 2.0 * d
+}
+
 /// Total parameters by component.
 pub fn param_breakdown(spec: &ModelSpec) -> ParamBreakdown {
     let d = spec.hidden_size;

@@ -50,6 +50,17 @@ impl Fields<'_> {
         self.u64_opt(key)?.ok_or_else(|| self.missing(key))
     }
 
+    /// `num_hidden_layers`, bounded before any per-layer list is built from it.
+    fn num_layers(&self) -> Result<u64> {
+        crate::limits::count(
+            self.source,
+            "num_hidden_layers",
+            self.u64("num_hidden_layers")?,
+            1,
+            crate::limits::MAX_LAYERS,
+        )
+    }
+
     fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
         match self.obj.get(key) {
             None | Some(Value::Null) => Ok(default),
@@ -157,7 +168,7 @@ fn base(f: &Fields, attention: Attention, layers: Vec<LayerKind>) -> Result<Mode
         name: String::new(),
         model_type: String::new(),
         hidden_size: f.u64("hidden_size")?,
-        num_layers: f.u64("num_hidden_layers")?,
+        num_layers: f.num_layers()?,
         vocab_size: f.u64("vocab_size")?,
         tie_embeddings: f.bool_or("tie_word_embeddings", false)?,
         attention,
@@ -194,7 +205,7 @@ fn swiglu(f: u64) -> Mlp {
 }
 
 fn all_moe(f: &Fields) -> Result<Vec<LayerKind>> {
-    Ok(vec![LayerKind::Moe; f.u64("num_hidden_layers")? as usize])
+    Ok(vec![LayerKind::Moe; f.num_layers()? as usize])
 }
 
 fn mixtral(f: &Fields) -> Result<ModelSpec> {
@@ -209,7 +220,7 @@ fn mixtral(f: &Fields) -> Result<ModelSpec> {
 
 fn qwen_moe(f: &Fields) -> Result<ModelSpec> {
     let qwen2 = f.model_type == "qwen2_moe";
-    let layers_n = f.u64("num_hidden_layers")?;
+    let layers_n = f.num_layers()?;
     let every = f.u64_opt("decoder_sparse_step")?.unwrap_or(1);
     let dense = f.u64_list("mlp_only_layers")?;
     // transformers: layer i is sparse when i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
@@ -251,7 +262,7 @@ fn deepseek(f: &Fields) -> Result<ModelSpec> {
     };
     let first_k_dense = f.u64_opt("first_k_dense_replace")?.unwrap_or(0);
     let every = f.u64_opt("moe_layer_freq")?.unwrap_or(1);
-    let layers = ModelSpec::layer_pattern(f.u64("num_hidden_layers")?, first_k_dense, every, 0, &[]);
+    let layers = ModelSpec::layer_pattern(f.num_layers()?, first_k_dense, every, 0, &[]);
     let n_routed = f.u64("n_routed_experts")?;
     let scoring = match f.str_opt("scoring_func").unwrap_or(if v3 { "sigmoid" } else { "softmax" }) {
         "softmax" => ScoreFunction::Softmax,
@@ -351,7 +362,7 @@ fn dbrx(f: &Fields) -> Result<ModelSpec> {
 }
 
 fn llama4(f: &Fields) -> Result<ModelSpec> {
-    let layers_n = f.u64("num_hidden_layers")?;
+    let layers_n = f.num_layers()?;
     let step = f.u64_opt("interleave_moe_layer_step")?.unwrap_or(1).max(1);
     let explicit = f.u64_list("moe_layers")?;
     // transformers default: moe_layers = range(step - 1, L, step).

@@ -135,6 +135,13 @@ pub fn preset(name: &str) -> Result<ModelSpec> {
 /// "piper"`, the JSON `piper model --spec-json` prints).
 pub fn resolve_model(arg: &str) -> Result<ModelSpec> {
     let path = Path::new(arg);
+    if path.exists() && preset_names().contains(&arg) {
+        return Err(Error::invalid(
+            "--model",
+            arg,
+            format!("names both a preset and a file here; write `./{arg}` for the file or rename it to use the preset"),
+        ));
+    }
     if !path.exists() {
         return preset(arg).map_err(|e| match e {
             Error::Unknown { known, .. } => {

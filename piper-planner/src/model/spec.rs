@@ -7,9 +7,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::limits;
 
 /// Self-attention variant of every decoder layer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Attention {
     /// Multi-head (`num_kv_heads == num_heads`) or grouped-query attention.
@@ -56,6 +58,7 @@ pub enum QkNorm {
 
 /// A feed-forward block: gated (SwiGLU-style, 3 matrices) or plain (2 matrices).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Mlp {
     /// Inner width `f`.
     pub intermediate_size: u64,
@@ -83,6 +86,7 @@ pub enum ScoreFunction {
 
 /// The mixture-of-experts block of an MoE layer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Moe {
     /// Routed experts per layer, `E`.
     pub num_experts: u64,
@@ -158,6 +162,7 @@ pub enum LayerKind {
 
 /// An MoE (or dense) decoder-only transformer, as far as parameters, FLOPs and memory go.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ModelSpec {
     pub name: String,
     /// Hugging Face `model_type` it was read from, or `piper` for native presets.
@@ -237,17 +242,20 @@ impl ModelSpec {
         }
     }
 
-    /// Checks the spec for internal consistency; the error names the field and what would fix it.
+    /// Checks the spec for internal consistency and size (every count in a range some real model could
+    /// have, every float finite and positive, at most [`limits::MAX_PARAMS`] parameters, so no count
+    /// the resource model forms can wrap); the error names the field and what would fix it.
     pub fn validate(&self) -> Result<()> {
-        let bad = |field: &str, why: String| Err(Error::invalid(format!("model `{}`", self.name), field, why));
-        if self.hidden_size == 0 {
-            return bad("hidden_size", "must be > 0".into());
-        }
-        if self.num_layers == 0 {
-            return bad("num_hidden_layers", "must be > 0".into());
-        }
-        if self.vocab_size == 0 {
-            return bad("vocab_size", "must be > 0".into());
+        let src = format!("model `{}`", self.name);
+        let bad = |field: &str, why: String| Err(Error::invalid(src.clone(), field, why));
+        limits::count(&src, "hidden_size", self.hidden_size, 1, limits::MAX_WIDTH)?;
+        limits::count(&src, "num_hidden_layers", self.num_layers, 1, limits::MAX_LAYERS)?;
+        limits::count(&src, "vocab_size", self.vocab_size, 1, limits::MAX_VOCAB)?;
+        limits::count(&src, "num_nextn_predict_layers", self.mtp_depth, 0, limits::MAX_MTP_DEPTH)?;
+        for (field, v) in [("rope_theta", self.rope_theta), ("rms_norm_eps", self.norm_eps)] {
+            if let Some(v) = v {
+                limits::positive(&src, field, v, 1e12)?;
+            }
         }
         if self.layers.len() as u64 != self.num_layers {
             return bad(
@@ -257,9 +265,8 @@ impl ModelSpec {
         }
         match &self.attention {
             Attention::Gqa { num_heads, num_kv_heads, head_dim, .. } => {
-                if *num_heads == 0 || *head_dim == 0 {
-                    return bad("num_attention_heads", "heads and head_dim must be > 0".into());
-                }
+                limits::count(&src, "num_attention_heads", *num_heads, 1, limits::MAX_HEADS)?;
+                limits::count(&src, "head_dim", *head_dim, 1, limits::MAX_WIDTH)?;
                 if *num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
                     return bad(
                         "num_key_value_heads",
@@ -267,15 +274,43 @@ impl ModelSpec {
                     );
                 }
             }
-            Attention::Mla { num_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, .. } => {
-                if *num_heads == 0
-                    || *kv_lora_rank == 0
-                    || *qk_nope_head_dim + *qk_rope_head_dim == 0
-                    || *v_head_dim == 0
-                {
-                    return bad("kv_lora_rank", "MLA heads, ranks and head dims must be > 0".into());
+            Attention::Mla { num_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim } => {
+                limits::count(&src, "num_attention_heads", *num_heads, 1, limits::MAX_HEADS)?;
+                limits::count(&src, "kv_lora_rank", *kv_lora_rank, 1, limits::MAX_WIDTH)?;
+                limits::count(&src, "qk_nope_head_dim", *qk_nope_head_dim, 0, limits::MAX_WIDTH)?;
+                limits::count(&src, "qk_rope_head_dim", *qk_rope_head_dim, 0, limits::MAX_WIDTH)?;
+                limits::count(&src, "v_head_dim", *v_head_dim, 1, limits::MAX_WIDTH)?;
+                if let Some(r) = q_lora_rank {
+                    limits::count(&src, "q_lora_rank", *r, 1, limits::MAX_WIDTH)?;
+                }
+                if *qk_nope_head_dim + *qk_rope_head_dim == 0 {
+                    return bad("qk_nope_head_dim", "qk_nope_head_dim + qk_rope_head_dim must be > 0".into());
                 }
             }
+        }
+        if let Some(mlp) = &self.dense_mlp {
+            limits::count(&src, "intermediate_size", mlp.intermediate_size, 0, limits::MAX_FFN)?;
+        }
+        if let Some(moe) = &self.moe {
+            limits::count(&src, "num_experts", moe.num_experts, 0, limits::MAX_EXPERTS)?;
+            limits::count(&src, "moe_intermediate_size", moe.expert.intermediate_size, 0, limits::MAX_FFN)?;
+            limits::count(&src, "n_shared_experts", moe.num_shared_experts, 0, limits::MAX_EXPERTS)?;
+            if let Some(f) = moe.shared_expert_intermediate_size {
+                limits::count(&src, "shared_expert_intermediate_size", f, 0, limits::MAX_FFN)?;
+            }
+            if let Some(v) = moe.routed_scaling_factor {
+                limits::positive(&src, "routed_scaling_factor", v, 1e6)?;
+            }
+        }
+        let params = super::counts::params_upper_bound(self);
+        if params > limits::MAX_PARAMS {
+            return bad(
+                "num_hidden_layers",
+                format!(
+                    "the model would have about {params:.3e} parameters (> {:.0e}); no real model is this large — check the sizes",
+                    limits::MAX_PARAMS
+                ),
+            );
         }
         let has_dense = self.layers.contains(&LayerKind::Dense);
         let has_moe = self.layers.contains(&LayerKind::Moe);

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::limits;
 
 /// One training platform.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -178,37 +179,49 @@ impl Platform {
         self.topology.nodes_per_switch
     }
 
-    /// Checks every field; errors name the field and the fix.
+    /// Checks every field (finite, sign, a range some real machine could have); errors name the field
+    /// and the fix.
     pub fn validate(&self) -> Result<()> {
         let src = format!("platform `{}`", self.name);
         let bad = |field: &str, why: &str| Err(Error::invalid(src.clone(), field, why));
-        let positive = [
-            ("gpu_memory_gib", self.gpu_memory_gib),
-            ("memory_gbs", self.memory_gbs),
-            ("topology.intra_node_default_gbs", self.topology.intra_node_default_gbs),
-            ("topology.nic_gbs", self.topology.nic_gbs),
-            ("topology.switch.node_gbs", self.topology.switch.node_gbs),
-            ("topology.group.node_gbs", self.topology.group.node_gbs),
-            ("topology.system.node_gbs", self.topology.system.node_gbs),
+        const MAX_GBS: f64 = 1e6; // 1 PB/s
+        let t = &self.topology;
+        let rates = [
+            ("gpu_memory_gib", self.gpu_memory_gib, 1e6),
+            ("memory_gbs", self.memory_gbs, MAX_GBS),
+            ("topology.intra_node_default_gbs", t.intra_node_default_gbs, MAX_GBS),
+            ("topology.nic_gbs", t.nic_gbs, MAX_GBS),
+            ("topology.switch.node_gbs", t.switch.node_gbs, MAX_GBS),
+            ("topology.group.node_gbs", t.group.node_gbs, MAX_GBS),
+            ("topology.system.node_gbs", t.system.node_gbs, MAX_GBS),
         ];
-        for (field, v) in positive {
-            if !(v.is_finite() && v > 0.0) {
-                return bad(field, "must be a positive number");
-            }
+        for (field, v, hi) in rates {
+            limits::positive(&src, field, v, hi)?;
         }
-        if self.framework_overhead_gib < 0.0 || self.framework_overhead_gib >= self.gpu_memory_gib {
-            return bad("framework_overhead_gib", "must be ≥ 0 and below gpu_memory_gib");
+        let costs = [
+            ("topology.intra_node_latency_us", t.intra_node_latency_us, 1e6),
+            ("topology.switch.latency_us", t.switch.latency_us, 1e6),
+            ("topology.group.latency_us", t.group.latency_us, 1e6),
+            ("topology.system.latency_us", t.system.latency_us, 1e6),
+            ("topology.half_bandwidth_bytes", t.half_bandwidth_bytes, 1e12),
+        ];
+        for (field, v, hi) in costs {
+            limits::number(&src, field, v, 0.0, hi)?;
         }
-        if self.gpus_per_node == 0 {
-            return bad("gpus_per_node", "must be > 0");
+        limits::number(&src, "framework_overhead_gib", self.framework_overhead_gib, 0.0, 1e6)?;
+        if self.framework_overhead_gib >= self.gpu_memory_gib {
+            return bad("framework_overhead_gib", "must be below gpu_memory_gib");
         }
-        if self.peak_tflops.is_empty() || self.peak_tflops.values().any(|v| !(v.is_finite() && *v > 0.0)) {
+        limits::count(&src, "gpus_per_node", self.gpus_per_node, 1, 1 << 16)?;
+        if self.peak_tflops.is_empty() {
             return bad("peak_tflops", "needs at least one dtype with a positive TFLOP/s value");
         }
-        let t = &self.topology;
-        if t.nics_per_node == 0 || t.nodes_per_switch == 0 || t.switches_per_group == 0 {
-            return bad("topology", "nics_per_node, nodes_per_switch and switches_per_group must be > 0");
+        for (dtype, v) in &self.peak_tflops {
+            limits::positive(&src, &format!("peak_tflops.{dtype}"), *v, 1e9)?;
         }
+        limits::count(&src, "topology.nics_per_node", t.nics_per_node, 1, 1 << 16)?;
+        limits::count(&src, "topology.nodes_per_switch", t.nodes_per_switch, 1, 1 << 24)?;
+        limits::count(&src, "topology.switches_per_group", t.switches_per_group, 1, 1 << 24)?;
         if t.gpu_to_nic.len() as u64 != self.gpus_per_node || t.gpu_to_nic.iter().any(|n| *n >= t.nics_per_node) {
             return bad(
                 "topology.gpu_to_nic",
@@ -220,15 +233,11 @@ impl Platform {
             if m.len() != g || m.iter().any(|row| row.len() != g) {
                 return bad("topology.intra_node_gbs", "must be a gpus_per_node × gpus_per_node matrix");
             }
-            if m.iter()
-                .enumerate()
-                .any(|(i, row)| row.iter().enumerate().any(|(j, v)| i != j && !(v.is_finite() && *v > 0.0)))
-            {
-                return bad("topology.intra_node_gbs", "off-diagonal entries must be positive GB/s");
+            if m.iter().enumerate().any(|(i, row)| {
+                row.iter().enumerate().any(|(j, v)| i != j && !(v.is_finite() && *v > 0.0 && *v <= MAX_GBS))
+            }) {
+                return bad("topology.intra_node_gbs", "off-diagonal entries must be finite positive GB/s");
             }
-        }
-        if t.half_bandwidth_bytes.is_nan() || t.half_bandwidth_bytes < 0.0 || t.intra_node_latency_us < 0.0 {
-            return bad("topology.half_bandwidth_bytes", "latencies and half_bandwidth_bytes must be ≥ 0");
         }
         if self.gemm_efficiency.is_empty() {
             return bad("gemm_efficiency", "needs at least one measured table");
@@ -246,7 +255,7 @@ impl Platform {
 /// A curve of `[x, efficiency]` points: non-empty, `x` increasing and positive, efficiency in (0, 1].
 fn check_curve(src: &str, field: &str, points: &[[f64; 2]]) -> Result<()> {
     let ok = !points.is_empty()
-        && points.iter().all(|[x, e]| *x > 0.0 && *e > 0.0 && *e <= 1.0)
+        && points.iter().all(|[x, e]| x.is_finite() && *x > 0.0 && *e > 0.0 && *e <= 1.0)
         && points.windows(2).all(|w| w[0][0] < w[1][0]);
     if ok {
         Ok(())

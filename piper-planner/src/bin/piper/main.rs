@@ -33,7 +33,19 @@ enum Command {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind::{DisplayHelp, DisplayHelpOnMissingArgumentOrSubcommand, DisplayVersion};
+            if matches!(e.kind(), DisplayHelp | DisplayVersion | DisplayHelpOnMissingArgumentOrSubcommand) {
+                e.exit();
+            }
+            // One line, like every other error: clap's first line names the flag and the value.
+            let text = e.render().to_string();
+            eprintln!("{}", text.lines().next().unwrap_or("error: bad arguments"));
+            std::process::exit(2);
+        }
+    };
     let result = match cli.command {
         Command::Model(a) => commands::model::run(a),
         Command::Memory(a) => commands::memory::run(a),

@@ -60,7 +60,7 @@ pub fn run(a: Args) -> Result<String> {
         recompute: a.recompute.into(),
         ..a.train.config()
     };
-    cfg.validate()?;
+    cfg.validate_for(&layout)?;
     let split = match &a.split {
         Some(s) => StageSplit::parse(s, spec.num_layers, a.pp)?,
         None => StageSplit::even(spec.num_layers, a.pp),

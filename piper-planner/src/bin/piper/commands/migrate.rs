@@ -57,9 +57,7 @@ struct LoadsFile {
 
 pub fn run(a: Args) -> Result<String> {
     let mut out = String::new();
-    if a.link_gbps.is_nan() || a.link_gbps <= 0.0 {
-        return Err(Error::invalid("migrate", "--link-gbps", "must be a positive bandwidth in GB/s"));
-    }
+    piper_planner::limits::positive("migrate", "--link-gbps", a.link_gbps, 1e6)?;
     if a.worst_case {
         let name = a.model.as_deref().ok_or_else(|| {
             Error::missing("migrate --worst-case", "--model", Some("the model whose experts move".into()))

@@ -63,7 +63,7 @@ impl From<AlgoArg> for A2aAlgo {
 #[derive(clap::Args, Clone)]
 pub struct TrainArgs {
     /// Tokens per sequence.
-    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 4096)]
     pub seq_len: u64,
     /// Compute and activation dtype (its peak must be in the platform's [peak_tflops]).
     #[arg(long, default_value = "bf16", value_parser = ["bf16", "fp16", "fp32", "fp8"])]

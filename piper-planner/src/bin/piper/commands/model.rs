@@ -22,7 +22,7 @@ pub struct Args {
     #[arg(long)]
     list: bool,
     /// Sequence length for the attention FLOPs.
-    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=piper_planner::limits::MAX_SEQ_LEN))]
     seq_len: u64,
     /// Print JSON.
     #[arg(long)]

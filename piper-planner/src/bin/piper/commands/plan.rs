@@ -55,8 +55,8 @@ pub struct Args {
     #[arg(long)]
     ep: Option<u64>,
     /// Plans to show.
-    #[arg(long, default_value_t = 10)]
-    top: usize,
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    top: u64,
     /// Write the best plan, as the runtime reads it, to this file.
     #[arg(long, value_name = "FILE")]
     out: Option<std::path::PathBuf>,
@@ -82,19 +82,16 @@ pub fn run(a: Args) -> Result<String> {
         },
         pp: a.pp,
         ep: a.ep,
-        top: a.top,
+        top: a.top as usize,
         ..PlanRequest::new(a.gpus, a.global_batch, a.train.seq_len)
     };
-    if req.micro_batch_sizes.contains(&0) {
-        return Err(piper_planner::Error::invalid("plan", "--micro-batch-sizes", "sizes must be ≥ 1"));
-    }
     let start = std::time::Instant::now();
     let report = plan(&spec, &platform, &req)?;
     let search_s = start.elapsed().as_secs_f64();
     if let (Some(path), Some(best)) = (&a.out, report.plans.first()) {
         let run = RunPlan::from_candidate(&spec, &platform.name, a.train.seq_len, &a.train.dtype, best);
         let text = serde_json::to_string_pretty(&run).expect("json");
-        std::fs::write(path, text)
+        piper_planner::atomic::write_atomic(path, text.as_bytes())
             .map_err(|e| piper_planner::Error::file(path.display().to_string(), format!("cannot write: {e}")))?;
     }
     if a.json {
