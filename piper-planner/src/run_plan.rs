@@ -146,8 +146,14 @@ impl RunPlan {
     pub fn load(path: &std::path::Path) -> Result<RunPlan> {
         let file = |why: String| Error::File { path: path.display().to_string(), why };
         let text = std::fs::read_to_string(path).map_err(|e| file(e.to_string()))?;
-        let plan: RunPlan = serde_json::from_str(&text).map_err(|e| file(format!("not a Piper plan file: {e}")))?;
-        plan.validate(&path.display().to_string())?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and checks the text of a plan file; `source` names it in errors.
+    pub fn parse(text: &str, source: &str) -> Result<RunPlan> {
+        let plan: RunPlan = serde_json::from_str(text)
+            .map_err(|e| Error::File { path: source.into(), why: format!("not a Piper plan file: {e}") })?;
+        plan.validate(source)?;
         Ok(plan)
     }
 
@@ -219,6 +225,7 @@ impl RunPlan {
                     ),
                 );
             }
+            crate::limits::count(source, "stages[].num_layers", stage.num_layers, 1, crate::limits::MAX_LAYERS)?;
             next_layer = next_layer.saturating_add(stage.num_layers);
             // Lengths first: the expected list is only built for a plan that lists that many ranks.
             if stage.ranks.len() as u64 != self.ep * self.dp {

@@ -317,10 +317,11 @@ impl ModelSpec {
         if has_dense && self.dense_mlp.as_ref().is_none_or(|m| m.intermediate_size == 0) {
             return bad("intermediate_size", "dense layers need a dense MLP width > 0".into());
         }
-        if has_moe {
-            let Some(moe) = &self.moe else {
-                return bad("num_experts", "MoE layers need an MoE block".into());
-            };
+        if has_moe && self.moe.is_none() {
+            return bad("num_experts", "MoE layers need an MoE block".into());
+        }
+        // An MoE block is checked even when no layer uses it (an MTP module may; counts use it).
+        if let Some(moe) = &self.moe {
             if moe.num_experts == 0 {
                 return bad("num_experts", "must be > 0".into());
             }

@@ -196,7 +196,9 @@ impl Platform {
             ("topology.system.node_gbs", t.system.node_gbs, MAX_GBS),
         ];
         for (field, v, hi) in rates {
-            limits::positive(&src, field, v, hi)?;
+            // At least 1 kB/s (and 1 MiB of memory): a slower link or a smaller GPU is a typo, and
+            // dividing by a denormal would predict an infinite step.
+            limits::number(&src, field, v, 1e-6, hi)?;
         }
         let costs = [
             ("topology.intra_node_latency_us", t.intra_node_latency_us, 1e6),
@@ -212,16 +214,16 @@ impl Platform {
         if self.framework_overhead_gib >= self.gpu_memory_gib {
             return bad("framework_overhead_gib", "must be below gpu_memory_gib");
         }
-        limits::count(&src, "gpus_per_node", self.gpus_per_node, 1, 1 << 16)?;
+        limits::count(&src, "gpus_per_node", self.gpus_per_node, 1, 1 << 12)?;
         if self.peak_tflops.is_empty() {
             return bad("peak_tflops", "needs at least one dtype with a positive TFLOP/s value");
         }
         for (dtype, v) in &self.peak_tflops {
-            limits::positive(&src, &format!("peak_tflops.{dtype}"), *v, 1e9)?;
+            limits::number(&src, &format!("peak_tflops.{dtype}"), *v, 1e-9, 1e9)?;
         }
-        limits::count(&src, "topology.nics_per_node", t.nics_per_node, 1, 1 << 16)?;
-        limits::count(&src, "topology.nodes_per_switch", t.nodes_per_switch, 1, 1 << 24)?;
-        limits::count(&src, "topology.switches_per_group", t.switches_per_group, 1, 1 << 24)?;
+        limits::count(&src, "topology.nics_per_node", t.nics_per_node, 1, 1 << 12)?;
+        limits::count(&src, "topology.nodes_per_switch", t.nodes_per_switch, 1, 1 << 20)?;
+        limits::count(&src, "topology.switches_per_group", t.switches_per_group, 1, 1 << 20)?;
         if t.gpu_to_nic.len() as u64 != self.gpus_per_node || t.gpu_to_nic.iter().any(|n| *n >= t.nics_per_node) {
             return bad(
                 "topology.gpu_to_nic",
@@ -234,7 +236,7 @@ impl Platform {
                 return bad("topology.intra_node_gbs", "must be a gpus_per_node × gpus_per_node matrix");
             }
             if m.iter().enumerate().any(|(i, row)| {
-                row.iter().enumerate().any(|(j, v)| i != j && !(v.is_finite() && *v > 0.0 && *v <= MAX_GBS))
+                row.iter().enumerate().any(|(j, v)| i != j && !(v.is_finite() && *v >= 1e-6 && *v <= MAX_GBS))
             }) {
                 return bad("topology.intra_node_gbs", "off-diagonal entries must be finite positive GB/s");
             }
@@ -244,9 +246,8 @@ impl Platform {
         }
         for (i, table) in self.gemm_efficiency.iter().enumerate() {
             check_curve(&src, &format!("gemm_efficiency[{i}].points"), &table.points)?;
-            if table.n == 0 || table.k == 0 {
-                return bad(&format!("gemm_efficiency[{i}]"), "n and k must be > 0");
-            }
+            limits::count(&src, &format!("gemm_efficiency[{i}].n"), table.n, 1, limits::MAX_FFN)?;
+            limits::count(&src, &format!("gemm_efficiency[{i}].k"), table.k, 1, limits::MAX_FFN)?;
         }
         check_curve(&src, "attention_efficiency", &self.attention_efficiency)
     }
@@ -255,12 +256,16 @@ impl Platform {
 /// A curve of `[x, efficiency]` points: non-empty, `x` increasing and positive, efficiency in (0, 1].
 fn check_curve(src: &str, field: &str, points: &[[f64; 2]]) -> Result<()> {
     let ok = !points.is_empty()
-        && points.iter().all(|[x, e]| x.is_finite() && *x > 0.0 && *e > 0.0 && *e <= 1.0)
+        && points.iter().all(|[x, e]| x.is_finite() && *x > 0.0 && *x <= 1e12 && *e >= 1e-6 && *e <= 1.0)
         && points.windows(2).all(|w| w[0][0] < w[1][0]);
     if ok {
         Ok(())
     } else {
-        Err(Error::invalid(src, field, "must list [x, efficiency] points with x > 0 increasing and 0 < efficiency ≤ 1"))
+        Err(Error::invalid(
+            src,
+            field,
+            "must list [x, efficiency] points with 0 < x ≤ 1e12 increasing and 1e-6 ≤ efficiency ≤ 1",
+        ))
     }
 }
 
