@@ -31,9 +31,44 @@ pub fn exchange_counts<C: Communicator + ?Sized>(comm: &C, send_counts: &[usize]
     let mut recv = vec![0; n];
     recv[me] = send_counts[me];
     for (peer, bytes) in (0..n).filter(|p| *p != me).zip(data) {
-        recv[peer] = u64::from_le_bytes(bytes.try_into().expect("8-byte count")) as usize;
+        recv[peer] = usize::try_from(u64::from_le_bytes(bytes.try_into().expect("8-byte count"))).unwrap_or(usize::MAX);
     }
+    check_announced_counts(comm, op, recv.iter().copied().enumerate())?;
     Ok(recv)
+}
+
+/// Largest total one operation may receive: this machine's memory (`MemTotal`), or 1 TiB where unknown.
+fn max_receive_bytes() -> usize {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("MemTotal:"))?.split_whitespace().nth(1)?.parse::<usize>().ok())
+        .and_then(|kib| kib.checked_mul(1024))
+        .unwrap_or(1 << 40)
+}
+
+/// Checks sizes peers announced, as (group rank, bytes), before anything is allocated for them: their
+/// sum must fit this machine's memory. A larger one means the ranks disagree on the operation; the error
+/// names the peer.
+pub fn check_announced_counts<C: Communicator + ?Sized>(
+    comm: &C,
+    op: &str,
+    counts: impl IntoIterator<Item = (usize, usize)>,
+) -> Result<()> {
+    let limit = max_receive_bytes();
+    let mut total = 0usize;
+    for (peer, c) in counts {
+        total = total.checked_add(c).filter(|t| *t <= limit).ok_or_else(|| {
+            CommError::invalid(
+                op,
+                "counts",
+                format!(
+                    "world rank {} announced {c} bytes, beyond the {limit} bytes this machine holds; the ranks disagree on the operation (different code, flags or data?)",
+                    comm.world_ranks().get(peer).copied().unwrap_or(peer)
+                ),
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Every rank reaches this point before any leaves it.

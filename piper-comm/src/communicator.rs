@@ -128,11 +128,13 @@ impl<C: Communicator + ?Sized> Communicator for Box<C> {
     }
 }
 
-/// Waits for every pending operation, polling with a short back-off, until the communicator's timeout.
+/// Waits for every pending operation, polling with a short back-off, until no operation has completed
+/// for the communicator's timeout (the deadline moves with progress, so a long exchange that keeps
+/// completing messages is never cut off).
 /// Returns the data of each, in order. On timeout the incomplete ones are abandoned, the communicator is
 /// poisoned, and the error names the peers that never completed.
 pub fn wait_all<C: Communicator + ?Sized>(comm: &C, pending: Vec<Box<dyn Pending>>, op: &str) -> Result<Vec<Vec<u8>>> {
-    let deadline = Instant::now() + comm.timeout();
+    let mut deadline = Instant::now() + comm.timeout();
     let mut slots: Vec<Option<Box<dyn Pending>>> = pending.into_iter().map(Some).collect();
     let mut done = vec![false; slots.len()];
     let mut remaining = slots.len();
@@ -165,6 +167,7 @@ pub fn wait_all<C: Communicator + ?Sized>(comm: &C, pending: Vec<Box<dyn Pending
         }
         if progressed {
             idle = Idle::new();
+            deadline = Instant::now() + comm.timeout();
         } else {
             idle.pause();
         }

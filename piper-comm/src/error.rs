@@ -7,7 +7,7 @@ pub type Result<T> = std::result::Result<T, CommError>;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CommError {
     /// A blocking operation did not complete in time. `missing` are world ranks that never took part
-    /// (empty when every peer arrived but the operation still did not finish).
+    /// (empty for a native collective, where MPI does not say which members have not joined).
     #[error(
         "{op} on group `{group}` (world ranks {members:?}) timed out after {timeout:?} on world rank {me}: {}",
         missing_text(missing)
@@ -31,7 +31,8 @@ pub enum CommError {
 
 fn missing_text(missing: &[usize]) -> String {
     if missing.is_empty() {
-        "all ranks arrived, the operation did not finish".into()
+        // MPI's non-blocking collectives do not say which members have not joined.
+        "the collective did not complete (MPI cannot tell which ranks have not joined: look for ranks that did not report this operation)".into()
     } else {
         format!("still waiting for world ranks {missing:?}")
     }

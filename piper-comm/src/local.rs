@@ -282,6 +282,38 @@ mod tests {
     }
 
     #[test]
+    fn an_absurd_announced_size_is_refused_naming_the_peer() {
+        // Rank 1 announces 2^62 bytes to rank 0 (as a rank running other code or data might).
+        let out = LocalWorld::run(2, |c| {
+            let counts = if c.rank() == 1 { vec![1usize << 62, 0] } else { vec![0, 8] };
+            exchange_counts(&c, &counts, "dispatch").map_err(|e| e.to_string())
+        });
+        let err = out[0].as_ref().unwrap_err();
+        assert!(err.contains("dispatch") && err.contains("world rank 1 announced 4611686018427387904 bytes"), "{err}");
+        assert_eq!(out[1], Ok(vec![8, 0]));
+    }
+
+    #[test]
+    fn the_deadline_moves_with_progress() {
+        // Rank 1 sends one message every 100 ms, five in all, with a 250 ms timeout: the wait as a whole
+        // takes ~500 ms but never goes 250 ms without progress, so it must succeed.
+        let out = LocalWorld::run(2, |mut c| {
+            c.set_timeout(Duration::from_millis(250));
+            if c.rank() == 1 {
+                for i in 0..5u32 {
+                    std::thread::sleep(Duration::from_millis(100));
+                    let p = c.isend(0, 100 + i, vec![i as u8]).unwrap();
+                    crate::communicator::wait_all(&c, vec![p], "send").unwrap();
+                }
+                return Ok(vec![]);
+            }
+            let pending = (0..5u32).map(|i| c.irecv(1, 100 + i, 1).unwrap()).collect();
+            crate::communicator::wait_all(&c, pending, "slow but steady").map_err(|e| e.to_string())
+        });
+        assert_eq!(out[0], Ok((0..5u8).map(|i| vec![i]).collect::<Vec<_>>()));
+    }
+
+    #[test]
     fn single_rank_is_trivial() {
         let c = LocalComm::single();
         assert_eq!(exchange_counts(&c, &[5], "x").unwrap(), vec![5]);

@@ -19,7 +19,10 @@ use crate::topology::GroupNodes;
 type NodeReceives = Vec<(usize, Vec<usize>, Box<dyn Pending>)>;
 
 fn u64s(bytes: &[u8]) -> Vec<usize> {
-    bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize).collect()
+    bytes
+        .chunks_exact(8)
+        .map(|c| usize::try_from(u64::from_le_bytes(c.try_into().expect("8 bytes"))).unwrap_or(usize::MAX))
+        .collect()
 }
 
 fn to_bytes(v: &[usize]) -> Vec<u8> {
@@ -84,6 +87,9 @@ pub fn halo_all_to_all_v<C: Communicator + ?Sized>(
             relay_counts.push((*node, s, u64s(&got.next().expect("one per relayed source"))));
         }
     }
+    // What this rank will receive and forward as a relay, checked before anything is allocated for it.
+    let announced = relay_counts.iter().flat_map(|(_, s, c)| c.iter().map(move |c| (*s, *c)));
+    crate::collectives::check_announced_counts(comm, op, announced)?;
 
     // Counts, round 2: each relay tells each local member what its relayed sources send it.
     let my_members = &layout.nodes[my_node];
@@ -115,6 +121,8 @@ pub fn halo_all_to_all_v<C: Communicator + ?Sized>(
             recv_counts[*s] = c;
         }
     }
+
+    crate::collectives::check_announced_counts(comm, op, recv_counts.iter().copied().enumerate())?;
 
     // Data. Everything is posted before any wait, so rendezvous-size messages cannot deadlock.
     let rdispl = displacements(&recv_counts);
