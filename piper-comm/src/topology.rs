@@ -71,7 +71,15 @@ impl Topology {
     /// Slurm's `SLURM_NODEID`, else (host name, network namespace) — so emulated nodes in separate
     /// network namespaces count as separate nodes.
     pub fn detect<C: Communicator + ?Sized>(world: &C) -> Result<Self> {
-        if let Some(per_node) = std::env::var("PIPER_RANKS_PER_NODE").ok().and_then(|v| v.parse::<usize>().ok()) {
+        if let Some(v) = std::env::var_os("PIPER_RANKS_PER_NODE") {
+            let text = v.to_string_lossy();
+            let per_node = text.trim().parse::<usize>().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                CommError::invalid(
+                    "topology",
+                    "PIPER_RANKS_PER_NODE",
+                    format!("is `{text}`; it must be a whole number ≥ 1 (ranks per emulated node), or unset"),
+                )
+            })?;
             return Topology::uniform(world.size(), per_node);
         }
         let key = match std::env::var("SLURM_NODEID").ok().and_then(|v| v.parse::<u64>().ok()) {
