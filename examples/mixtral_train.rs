@@ -59,7 +59,7 @@ fn device(backend: Backend) -> Result<burn::tensor::Device, String> {
 }
 
 fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), String> {
-    let ResolvedRun { spec, platform, config, plan } = a.run.resolve(world.size())?;
+    let ResolvedRun { spec, platform, config, plan, checkpoint, resume } = a.run.resolve(world.size())?;
     let mut model = lm_config(&spec).map_err(|e| e.to_string())?;
     model.zero_router = a.run.zero_router;
     let mut corpus = a.run.corpus(model.vocab_size)?;
@@ -69,9 +69,27 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), String> {
     let flops_per_token = training_flops_per_token(&spec, config.seq_len as u64).total();
     let (spec, run, plan, topo, device) = (&spec, &config, &plan, &topo, &device);
     let platform = &platform;
-    let job = Job { spec, model: &model, run, plan, world, topo, platform, device, flops_per_token, peak_flops };
+    let (checkpoint, resume) = (&checkpoint, resume.as_ref());
+    let job = Job {
+        spec,
+        model: &model,
+        run,
+        plan,
+        world,
+        topo,
+        platform,
+        device,
+        flops_per_token,
+        peak_flops,
+        checkpoint,
+        resume,
+    };
     job.check(corpus.as_ref())?;
-    let mut reporter = Reporter::new(a.run.report_options(), world.rank(), config.steps)?;
+    let first_step = resume.map_or(0, |r| r.manifest.step as usize);
+    let mut reporter = Reporter::new(a.run.report_options(first_step), world.rank(), config.steps)?;
+    if let Some(r) = resume {
+        reporter.println(&format!("resuming from {} (step {first_step})", r.folder.display()));
+    }
     for line in describe_run(spec, plan, &corpus.describe(), &format!("{:?}", a.backend), peak_flops) {
         reporter.println(&line);
     }

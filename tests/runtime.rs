@@ -8,6 +8,7 @@ use burn::prelude::*;
 use piper::comm::{Communicator, LocalComm, LocalWorld, Topology};
 use piper::models::lm_config;
 use piper::modules::corpus::Grammar;
+use piper::modules::runtime::checkpoint::CheckpointSettings;
 use piper::modules::runtime::{self, Job, LayoutFlags, RunConfig, StepMetrics};
 use piper::planner::comm::A2aAlgo;
 use piper::planner::layout::{Layout, Schedule};
@@ -54,6 +55,8 @@ fn execute(
         device: &device,
         flops_per_token: 1.0,
         peak_flops: 1.0,
+        checkpoint: &CheckpointSettings::default(),
+        resume: None,
     };
     runtime::execute(&job, &mut Grammar::new(32, 3, 9), |_| {})
 }

@@ -39,6 +39,26 @@ pub trait Corpus {
     /// The lowest achievable cross-entropy (nats per token), if known.
     fn best_loss(&self) -> Option<f64>;
     fn describe(&self) -> String;
+    /// Where the stream stands (its generator state and what it draws from), for a checkpoint.
+    fn position(&self) -> serde_json::Value;
+    /// Continues the stream from a [`Corpus::position`] of the same data; the error says what differs.
+    fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), String>;
+}
+
+/// Reads `{"describe": …, "rng": …, extra…}` back: the data must be the one described.
+fn check_position<'a>(
+    position: &'a serde_json::Value,
+    describe: &str,
+) -> Result<(&'a serde_json::Map<String, serde_json::Value>, u64), String> {
+    let obj = position.as_object().ok_or("the data position is not an object")?;
+    let saved = obj.get("describe").and_then(|d| d.as_str()).unwrap_or("?");
+    if saved != describe {
+        return Err(format!(
+            "the checkpoint was trained on `{saved}`, this run reads `{describe}`: pass the same data flags"
+        ));
+    }
+    let rng = obj.get("rng").and_then(|r| r.as_u64()).ok_or("the data position has no generator state")?;
+    Ok((obj, rng))
 }
 
 /// The training data of a run: the text file `data` (byte-level tokens) if given, else the seeded
@@ -165,6 +185,23 @@ impl Corpus for Grammar {
             self.alphabet, self.entropy
         )
     }
+    fn position(&self) -> serde_json::Value {
+        serde_json::json!({"describe": self.describe(), "rng": self.rng.0, "chain": [self.state.0, self.state.1]})
+    }
+    fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), String> {
+        let (obj, rng) = check_position(position, &self.describe())?;
+        let chain: Vec<usize> = obj
+            .get("chain")
+            .and_then(|c| c.as_array())
+            .map(|c| c.iter().filter_map(|x| x.as_u64().map(|x| x as usize)).collect())
+            .unwrap_or_default();
+        match chain[..] {
+            [a, b] if a < self.alphabet && b < self.alphabet => self.state = (a, b),
+            _ => return Err("the data position's grammar state does not fit this grammar".into()),
+        }
+        self.rng.0 = rng;
+        Ok(())
+    }
 }
 
 /// Any UTF-8 text as bytes (vocabulary 256); batches are random windows.
@@ -205,6 +242,13 @@ impl Corpus for TextBytes {
     fn describe(&self) -> String {
         format!("{} ({} bytes, byte-level tokens)", self.name, self.bytes.len())
     }
+    fn position(&self) -> serde_json::Value {
+        serde_json::json!({"describe": self.describe(), "rng": self.rng.0})
+    }
+    fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), String> {
+        self.rng.0 = check_position(position, &self.describe())?.1;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -234,6 +278,17 @@ mod tests {
             })
             .sum();
         assert!((est - h).abs() < 0.01, "closed form {h}, sampled {est}");
+    }
+
+    #[test]
+    fn a_restored_position_continues_the_stream() {
+        let (mut a, mut b) = (Grammar::new(8, 3, 5), Grammar::new(8, 3, 5));
+        a.batch(3, 10);
+        let saved = a.position();
+        let want = a.batch(2, 10);
+        b.restore_position(&saved).unwrap();
+        assert_eq!(b.batch(2, 10), want);
+        assert!(Grammar::new(9, 3, 5).restore_position(&saved).unwrap_err().contains("trained on"));
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod moe;
 pub mod rope;
 pub mod router;
 pub mod runtime;
+pub mod state_dict;
 
 pub use lm::{CausalLm, CausalLmConfig, LmLoss, LmOutput};
 pub use moe::{MoeBlock, MoeBlockConfig, MoeStats};

@@ -64,6 +64,31 @@ impl ExpertPlacement {
         Ok(ExpertPlacement { rank_of: new_rank_of.to_vec(), slot_of, ranks: self.ranks })
     }
 
+    /// A saved placement (expert id → rank and → slot), checked: every rank holds E/ranks experts in
+    /// distinct slots `0..E/ranks`.
+    pub fn from_parts(rank_of: Vec<usize>, slot_of: Vec<usize>, ranks: usize) -> Result<Self, String> {
+        let base = ExpertPlacement::new(rank_of.clone(), ranks)?;
+        let local = base.local_experts();
+        let mut seen = vec![false; base.num_experts()];
+        if slot_of.len() != rank_of.len() {
+            return Err(format!("expert placement: {} slots for {} experts", slot_of.len(), rank_of.len()));
+        }
+        for (r, s) in rank_of.iter().zip(&slot_of) {
+            let Some(used) = seen.get_mut(r * local + s).filter(|_| *s < local) else {
+                return Err(format!("expert placement: slot {s} on rank {r} is outside 0..{local}"));
+            };
+            if std::mem::replace(used, true) {
+                return Err(format!("expert placement: two experts in slot {s} of rank {r}"));
+            }
+        }
+        Ok(ExpertPlacement { rank_of, slot_of, ranks })
+    }
+
+    /// Expert id → local slot.
+    pub fn slots(&self) -> &[usize] {
+        &self.slot_of
+    }
+
     /// Local slot of `expert` on its rank.
     pub fn slot_of(&self, expert: usize) -> usize {
         self.slot_of[expert]

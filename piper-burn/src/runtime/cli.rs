@@ -10,6 +10,7 @@ use piper_planner::model::{ModelSpec, resolve_model};
 use piper_planner::platform::Platform;
 use piper_planner::run_plan::RunPlan;
 
+use super::checkpoint::{CheckpointSettings, Resume, open_resume};
 use super::config::{AuxLossScope, RunConfig};
 use super::plan::{LayoutFlags, check_plan, plan_auto, plan_from_flags};
 use super::report::ReportOptions;
@@ -105,6 +106,21 @@ pub struct RunArgs {
     /// Debug: start every router at zero (all tokens tie and pick the lowest-numbered experts).
     #[arg(long)]
     pub zero_router: bool,
+    /// Save checkpoints under this folder (`step-NNNNNNNN/` per save, `latest` names the newest), after
+    /// the last step and every --save-every steps.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Save every N steps (0: only after the last step).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub save_every: usize,
+    /// Keep the K newest checkpoints under --checkpoint-dir.
+    #[arg(long, default_value_t = 2, value_name = "K")]
+    pub keep: usize,
+    /// Resume from a checkpoint folder, or from the latest one under a --checkpoint-dir; `--steps` stays
+    /// the run's total (a run saved at step 10 and resumed with --steps 20 trains steps 10..19). Any
+    /// layout may resume any checkpoint.
+    #[arg(long, value_name = "PATH")]
+    pub resume: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -119,6 +135,8 @@ pub struct ResolvedRun {
     pub platform: Platform,
     pub config: RunConfig,
     pub plan: RunPlan,
+    pub checkpoint: CheckpointSettings,
+    pub resume: Option<Resume>,
 }
 
 impl RunArgs {
@@ -179,12 +197,25 @@ impl RunArgs {
             }
         };
         check_plan(&plan, &spec, &config, ranks)?;
-        Ok(ResolvedRun { spec, platform, config, plan })
+        let checkpoint = CheckpointSettings {
+            dir: self.checkpoint_dir.clone(),
+            save_every: self.save_every,
+            keep: self.keep,
+            resume: self.resume.clone(),
+        };
+        checkpoint.validate()?;
+        let resume = self.resume.as_deref().map(open_resume).transpose()?;
+        Ok(ResolvedRun { spec, platform, config, plan, checkpoint, resume })
     }
 
-    /// Where the per-step output goes.
-    pub fn report_options(&self) -> ReportOptions {
-        ReportOptions { metrics: self.metrics.clone(), log_every: self.log_every, progress: !self.no_progress }
+    /// Where the per-step output goes; a resumed run's metrics continue at `first_step`.
+    pub fn report_options(&self, first_step: usize) -> ReportOptions {
+        ReportOptions {
+            metrics: self.metrics.clone(),
+            log_every: self.log_every,
+            progress: !self.no_progress,
+            first_step,
+        }
     }
 
     /// The training data (the text file, or the grammar), checked against the model's vocabulary.

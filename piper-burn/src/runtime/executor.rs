@@ -20,6 +20,7 @@ use piper_planner::platform::Platform;
 use piper_planner::run_plan::RunPlan;
 use piper_planner::schedule::instructions;
 
+use super::checkpoint::{self, CheckpointSettings, Resume, RunState, Share};
 use super::config::{AuxLossScope, RunConfig};
 use super::fingerprint::check_ranks_agree;
 use super::migration::{GroupCoords, MigrationEvent, MigrationSettings, Migrator, move_experts};
@@ -48,6 +49,9 @@ pub struct Job<'a> {
     /// of the MFU the metrics report.
     pub flops_per_token: f64,
     pub peak_flops: f64,
+    /// Where and when to save checkpoints, and the checkpoint to resume from (`--resume`).
+    pub checkpoint: &'a CheckpointSettings,
+    pub resume: Option<&'a Resume>,
 }
 
 /// What a run leaves: this rank's part of the model, the metrics of every step, each rank's peak RSS.
@@ -92,6 +96,19 @@ fn check_job(job: &Job, corpus: &dyn Corpus) -> Result<(), String> {
             job.world.size()
         ));
     }
+    job.checkpoint.validate()?;
+    if let Some(r) = job.resume {
+        let config = serde_json::to_string(job.model).map_err(|e| e.to_string())?;
+        r.manifest.check_model(&r.folder, job.spec, &config).map_err(|e| format!("--resume {e}"))?;
+        if r.manifest.step as usize >= job.run.steps {
+            return Err(format!(
+                "--resume {}: the checkpoint is at step {}, and --steps {} is the run's total: nothing to train (raise --steps)",
+                r.folder.display(),
+                r.manifest.step,
+                job.run.steps
+            ));
+        }
+    }
     let me = job.world.rank();
     let on_node = job.topo.node_of.iter().filter(|n| **n == job.topo.node_of[me]).count();
     check_fits_machine(job.plan, on_node)
@@ -113,6 +130,8 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
             ("seed", run.seed.to_string()),
             ("plan", json(serde_json::to_string(plan))?),
             ("data", corpus.describe()),
+            ("checkpoints", format!("{:?}", job.checkpoint)),
+            ("resume", format!("{:?}", job.resume.map(|r| (&r.folder, r.manifest.step)))),
         ],
     )?;
 
@@ -168,15 +187,18 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
     // Index (among the model's MoE layers) of this stage's first MoE layer.
     let first_moe = model.layers[..layers.start].iter().filter(|l| l.moe.is_some()).count();
     model.layers = model.layers.drain(layers.clone()).collect();
+    // The plan's placement, or a resumed checkpoint's (after its migrations) under the same EP.
+    let mut placements: Vec<ExpertPlacement> = vec![placement.clone(); num_moe_total];
+    if let Some(r) = job.resume {
+        placements = checkpoint::resumed_placements(r, &placements, ep)?;
+    }
     if let Some(d) = &dispatcher {
-        for layer in model.layers.iter_mut() {
-            if let Some(block) = layer.moe.take() {
-                layer.moe = Some(block.with_routing(d.clone(), placement.clone(), ep_rank));
-            }
+        for (k, block) in model.layers.iter_mut().filter_map(|l| l.moe.as_mut()).enumerate() {
+            let routed = block.clone().with_routing(d.clone(), placements[first_moe + k].clone(), ep_rank);
+            *block = routed;
         }
     }
     let stage_moe = model.num_moe_layers();
-    let mut placements: Vec<ExpertPlacement> = vec![placement.clone(); num_moe_total];
     let mut migrator = match (run.migration && ep > 1, job.spec.moe.is_some()) {
         (true, true) => Some(Migrator::new(
             MigrationSettings {
@@ -211,13 +233,33 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
         first_moe,
         experts,
     };
-    let optim = AdamW::new(AdamWSettings { weight_decay: run.weight_decay, ..AdamWSettings::default() });
+    let mut optim = AdamW::new(AdamWSettings { weight_decay: run.weight_decay, ..AdamWSettings::default() });
+    let share = Share {
+        spec: job.spec,
+        stage,
+        is_last,
+        first_layer: layers.start,
+        first_moe,
+        ep_rank,
+        dp_rank,
+        data_rank: dp_rank * ep + ep_rank,
+    };
+    let model_json = serde_json::to_string(job.model).map_err(|e| e.to_string())?;
+    let mut start_step = 0;
+    if let Some(r) = job.resume {
+        model = checkpoint::restore(model, &mut optim, &share, &placements, r)?;
+        corpus.restore_position(&r.manifest.data).map_err(|e| format!("--resume {}: {e}", r.folder.display()))?;
+        if let (Some(m), Some(w)) = (migrator.as_mut(), r.manifest.migration_window.as_ref()) {
+            m.restore_window(w.steps as usize, &w.counts)?;
+        }
+        start_step = r.manifest.step as usize;
+    }
     let mut st =
         Stage { shape, model, optim, world, stage_comm, expert_dp_comm, dispatcher, device, grad_clip: run.grad_clip };
     let stream = instructions(plan.schedule, stage as u64, layout.pp, m as u64);
     let tokens_per_step = (run.global_batch * run.seq_len) as f64;
     let mut all = Vec::new();
-    for step in 0..run.steps {
+    for step in start_step..run.steps {
         let start = Instant::now();
         let mut state = st.begin_step(corpus.batch(run.global_batch, run.seq_len + 1), m);
         for instr in &stream {
@@ -265,6 +307,25 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
         }
         on_step(&metrics);
         all.push(metrics);
+        if let Some(dir) = job.checkpoint.dir.as_deref() {
+            let every = job.checkpoint.save_every;
+            if (every > 0 && (step + 1) % every == 0) || step + 1 == run.steps {
+                let window = migrator.as_ref().map(|m| {
+                    let (steps, counts) = m.window();
+                    piper_planner::checkpoint::MigrationWindow { steps: steps as u64, counts: counts.to_vec() }
+                });
+                let state = RunState {
+                    step: step as u64 + 1,
+                    model_config: &model_json,
+                    seed: run.seed,
+                    plan,
+                    data: corpus.position(),
+                    placements: &placements,
+                    window,
+                };
+                checkpoint::save(world, &st.model, &st.optim, &share, &state, dir, job.checkpoint.keep)?;
+            }
+        }
     }
     let rss = piper_comm::collectives::all_gather(world, &[peak_rss_bytes()], "peak memory gather")
         .map_err(|e| e.to_string())?

@@ -68,6 +68,21 @@ impl Migrator {
         Migrator { settings, window: vec![vec![0.0; experts]; num_moe_layers], steps_in_window: 0 }
     }
 
+    /// The counts summed since the last check, and the steps they cover (for a checkpoint).
+    pub fn window(&self) -> (usize, &[Vec<f64>]) {
+        (self.steps_in_window, &self.window)
+    }
+
+    /// Continues a saved window; the error says when its shape does not fit this model.
+    pub fn restore_window(&mut self, steps: usize, counts: &[Vec<f64>]) -> Result<(), String> {
+        if counts.len() != self.window.len() || counts.iter().zip(&self.window).any(|(a, b)| a.len() != b.len()) {
+            return Err("the checkpoint's migration window does not fit this model's MoE layers".into());
+        }
+        self.window = counts.to_vec();
+        self.steps_in_window = steps;
+        Ok(())
+    }
+
     /// Adds a step's tokens per expert (every MoE layer of the model, summed over all ranks).
     pub fn observe(&mut self, counts: &[Vec<usize>]) {
         for (w, c) in self.window.iter_mut().zip(counts) {

@@ -3,6 +3,7 @@
 //! executor that runs the planner's instruction stream. Data flows one way: plan → run config →
 //! executor → instructions → metrics → report.
 
+pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod executor;

@@ -65,6 +65,15 @@ impl AdamW {
         true
     }
 
+    /// Sets a parameter's moments (flattened) on `device`, e.g. from a checkpoint.
+    pub fn set(&mut self, id: ParamId, m: Vec<f32>, v: Vec<f32>, device: &Device) {
+        let t = |x: Vec<f32>| {
+            let n = x.len();
+            Tensor::<1>::from_data(TensorData::new(x, [n]), device)
+        };
+        self.moments.insert(id, Moments { m: t(m), v: t(v) });
+    }
+
     /// A parameter's moments, whole, on the host.
     pub fn host(&self, id: ParamId) -> Option<(Vec<f32>, Vec<f32>)> {
         let m = self.moments.get(&id)?;

@@ -50,6 +50,9 @@ pub struct ReportOptions {
     pub log_every: usize,
     /// A progress bar (else plain lines).
     pub progress: bool,
+    /// The first step this run trains (a resumed run's): an existing metrics file keeps its lines of
+    /// earlier steps and continues after them.
+    pub first_step: usize,
 }
 
 /// Shows each step on rank 0 and records it; triggers injected faults on any rank.
@@ -57,25 +60,39 @@ pub struct Reporter {
     lead: bool,
     steps: usize,
     bar: ProgressBar,
+    /// Opened at the first step, so a run that fails before it (a bad checkpoint) leaves the file as it was.
     metrics: Option<std::io::BufWriter<std::fs::File>>,
+    metrics_path: Option<PathBuf>,
     options: ReportOptions,
     write_error: Option<String>,
     fault: Fault,
 }
 
 impl Reporter {
-    /// Opens the metrics file on rank 0 (the error names `--metrics`).
+    /// Checks where the metrics file goes (rank 0; the error names `--metrics`); it is written from the
+    /// first step on.
     pub fn new(options: ReportOptions, rank: usize, steps: usize) -> Result<Self, String> {
         let lead = rank == 0;
-        let metrics = match options.metrics.as_ref().filter(|_| lead) {
-            Some(p) => Some(std::io::BufWriter::new(
-                std::fs::File::create(p).map_err(|e| format!("--metrics {}: {e}", p.display()))?,
-            )),
-            None => None,
-        };
+        let metrics_path = options.metrics.clone().filter(|_| lead);
+        if let Some(p) = &metrics_path {
+            let parent = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            if !parent.is_dir() || p.is_dir() {
+                return Err(format!("--metrics {}: not a file in an existing folder", p.display()));
+            }
+        }
         let bar = if options.progress && lead { ProgressBar::new(steps as u64) } else { ProgressBar::hidden() };
+        bar.set_position(options.first_step as u64);
         bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"));
-        Ok(Reporter { lead, steps, bar, metrics, options, write_error: None, fault: Fault::from_env(rank) })
+        Ok(Reporter {
+            lead,
+            steps,
+            bar,
+            metrics: None,
+            metrics_path,
+            options,
+            write_error: None,
+            fault: Fault::from_env(rank),
+        })
     }
 
     /// Rank 0: a line in the bar's scroll-back (or on stdout without a bar).
@@ -98,6 +115,16 @@ impl Reporter {
             m.flops_per_s / 1e9,
             100.0 * m.mfu
         ));
+        if self.metrics.is_none()
+            && let Some(p) = self.metrics_path.take()
+        {
+            match open_metrics(&p, self.options.first_step) {
+                Ok(f) => self.metrics = Some(f),
+                Err(e) => {
+                    self.write_error.get_or_insert(format!("--metrics {}: {e}", p.display()));
+                }
+            }
+        }
         if let Some(f) = self.metrics.as_mut()
             && let Err(e) = writeln!(f, "{}", serde_json::to_string(m).expect("metrics serialise"))
         {
@@ -333,6 +360,26 @@ pub fn describe_run(
     ]
 }
 
+/// Opens the metrics file for a run whose first step is `first_step`: from scratch, or (resuming) with the
+/// lines of steps before it kept — rewritten atomically, so the earlier lines survive a crash.
+fn open_metrics(path: &Path, first_step: usize) -> std::io::Result<std::io::BufWriter<std::fs::File>> {
+    if first_step > 0 && path.exists() {
+        let keep: String = std::fs::read_to_string(path)?
+            .lines()
+            .filter(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .ok()
+                    .and_then(|v| v["step"].as_u64())
+                    .is_some_and(|s| (s as usize) < first_step)
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        write_atomic(path, keep.as_bytes())?;
+        return Ok(std::io::BufWriter::new(std::fs::OpenOptions::new().append(true).open(path)?));
+    }
+    Ok(std::io::BufWriter::new(std::fs::File::create(path)?))
+}
+
 /// Peak resident memory of this process (`VmHWM`), bytes; 0 where it cannot be read.
 pub fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -375,6 +422,19 @@ pub fn hang_in_migration(world_rank: usize) {
     let mine = std::env::var("PIPER_FAULT_RANK").ok().and_then(|r| r.parse::<usize>().ok()) == Some(world_rank);
     if mine && std::env::var("PIPER_FAULT").is_ok_and(|v| v == "hang-in-migration") {
         eprintln!("fault injection: this rank stops answering in expert migration");
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
+/// The fault point of `PIPER_FAULT=kill-in-save PIPER_FAULT_STEP=s` (on `PIPER_FAULT_RANK`, default
+/// every rank): the process sends itself SIGKILL after writing its shard of the checkpoint of step `s`,
+/// before the checkpoint is committed — what a node failure mid-save looks like.
+pub fn fault_in_save(world_rank: usize, step: u64) {
+    let rank_ok = std::env::var("PIPER_FAULT_RANK").map_or(true, |r| r.parse::<usize>().ok() == Some(world_rank));
+    let step_ok = std::env::var("PIPER_FAULT_STEP").ok().and_then(|s| s.parse::<u64>().ok()) == Some(step);
+    if rank_ok && step_ok && std::env::var("PIPER_FAULT").is_ok_and(|v| v == "kill-in-save") {
+        eprintln!("fault injection: SIGKILL in the middle of saving the checkpoint of step {step}");
+        let _ = std::process::Command::new("kill").args(["-9", &std::process::id().to_string()]).status();
         std::thread::sleep(std::time::Duration::from_secs(3600));
     }
 }

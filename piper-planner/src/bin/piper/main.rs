@@ -30,6 +30,8 @@ enum Command {
     Plan(commands::plan::Args),
     /// Rebalance experts inside an expert group (hill-climbing swaps), or price Piper's worst case.
     Migrate(commands::migrate::Args),
+    /// Checkpoints written by the runtime: export one as a Hugging Face model folder.
+    Checkpoint(commands::checkpoint::Args),
 }
 
 fn main() {
@@ -51,6 +53,7 @@ fn main() {
         Command::Memory(a) => commands::memory::run(a),
         Command::Plan(a) => commands::plan::run(a),
         Command::Migrate(a) => commands::migrate::run(a),
+        Command::Checkpoint(a) => commands::checkpoint::run(a),
     };
     match result {
         Ok(text) => {
