@@ -95,6 +95,9 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), String> {
     }
     let trained = runtime::execute(&job, corpus.as_mut(), |m| reporter.observe(m))?;
     reporter.finish()?;
+    if let (Some(s), 0) = (trained.resume_seconds, world.rank()) {
+        println!("resumed in {s:.2} s (rank 0's part of the checkpoint)");
+    }
     let summary = RunSummary::new(plan, &trained, flops_per_token);
     if world.rank() == 0 {
         summary.plan_vs_measured().iter().for_each(|l| println!("{l}"));

@@ -236,3 +236,71 @@ fn a_hung_rank_is_named_and_a_dead_rank_ends_the_job() {
         "{out}"
     );
 }
+
+/// Checkpoints under mpirun: saved by PP=2×EP=2 on 4 ranks and resumed by the same layout (bit for bit),
+/// by one process (the same micro-batch count) and by EP=2 on 2 ranks (against one process resumed from
+/// the same checkpoint with its micro-batch count), all within 1e-5 relative; saved by one process and
+/// resumed by 4 ranks.
+#[test]
+#[cfg_attr(
+    not(feature = "mpi"),
+    ignore = "needs MPI: run scripts/test-mpi.sh (installs OpenMPI, builds with --features mpi)"
+)]
+fn checkpoints_resume_and_reshard_under_mpirun() {
+    let dir = common::scratch("ckpt-mpirun");
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let pp2ep2 = ["--pp", "2", "--ep", "2", "--micro-batches", "2"];
+    let (ck4, whole4) = (path("ck4"), path("whole4.jsonl"));
+    let mut args = pp2ep2.to_vec();
+    args.extend(["--checkpoint-dir", &ck4, "--save-every", "10", "--metrics", &whole4]);
+    let (ok, out) = run(mpirun(4, &[], &args), Duration::from_secs(300));
+    assert!(ok, "saving run failed:\n{out}");
+    let whole = losses(&dir.join("whole4.jsonl"));
+    assert_eq!(whole.len(), 20);
+    let resumed = |np: usize, layout: &[&str], from: &str, name: &str| -> Vec<f64> {
+        let metrics = path(name);
+        let mut args = layout.to_vec();
+        args.extend(["--resume", from, "--metrics", &metrics]);
+        let cmd = if np == 1 {
+            let mut c = Command::new(example());
+            c.args(COMMON).args(&args);
+            c
+        } else {
+            mpirun(np, &[], &args)
+        };
+        let (ok, out) = run(cmd, Duration::from_secs(300));
+        assert!(ok, "{name} failed:\n{out}");
+        let l = losses(&dir.join(name));
+        assert_eq!(l.len(), 10, "{name}: steps 10..19");
+        l
+    };
+    let from = path("ck4/step-00000010");
+    assert_eq!(resumed(4, &pp2ep2, &from, "same.jsonl"), whole[10..], "PP=2×EP=2 resumed bit for bit");
+    let one = resumed(1, &["--micro-batches", "2"], &from, "one.jsonl");
+    let worst = assert_close("PP2×EP2 → one process", &one, &whole[10..], 1e-5);
+    eprintln!("checkpoint PP=2×EP=2 → one process: worst relative loss difference {worst:e}");
+    let ep2 = resumed(2, &["--ep", "2"], &from, "ep2.jsonl");
+    let one_m1 = resumed(1, &[], &from, "one-m1.jsonl");
+    let worst = assert_close("PP2×EP2 → EP2", &ep2, &one_m1, 1e-5);
+    eprintln!("checkpoint PP=2×EP=2 → EP=2: worst relative loss difference {worst:e}");
+    // Saved by one process, resumed by four ranks.
+    let (ck1, whole1) = (path("ck1"), path("whole1.jsonl"));
+    let mut cmd = Command::new(example());
+    cmd.args(COMMON).args([
+        "--micro-batches",
+        "2",
+        "--checkpoint-dir",
+        &ck1,
+        "--save-every",
+        "10",
+        "--metrics",
+        &whole1,
+    ]);
+    let (ok, out) = run(cmd, Duration::from_secs(300));
+    assert!(ok, "{out}");
+    let whole1 = losses(&dir.join("whole1.jsonl"));
+    let four = resumed(4, &pp2ep2, &path("ck1/step-00000010"), "four.jsonl");
+    let worst = assert_close("one process → PP2×EP2", &four, &whole1[10..], 1e-5);
+    eprintln!("checkpoint one process → PP=2×EP=2: worst relative loss difference {worst:e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

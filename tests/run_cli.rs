@@ -90,3 +90,59 @@ fn bad_layouts_are_refused_with_the_reason() {
     let (ok, out) = run(cmd, Duration::from_secs(60));
     assert!(!ok && out.contains("--pp 2 × --ep 1 × --dp 1 = 2 ranks, but the job has 1"), "{out}");
 }
+
+/// A save killed midway (SIGKILL after the shards are written, before the commit) leaves the previous
+/// checkpoint as `latest`; resuming from the checkpoint dir continues the run bit for bit, and the metrics
+/// file continues with the same step numbers. A corrupted checkpoint is refused with one line naming the
+/// file, exit 2, and the metrics file and the checkpoints are left as they were.
+#[test]
+fn a_save_killed_midway_leaves_the_previous_checkpoint() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = common::scratch("kill-save");
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let (whole, ck, killed) = (path("whole.jsonl"), path("ck"), path("killed.jsonl"));
+    let base = ["--batch-size", "8", "--seq-len", "31", "--seed", "3", "--no-progress", "--log-every", "0", "--steps"];
+    let mut cmd = Command::new(example());
+    cmd.args(base).args(["8", "--metrics", &whole]);
+    let (ok, out) = run(cmd, Duration::from_secs(120));
+    assert!(ok, "{out}");
+    let mut cmd = Command::new(example());
+    cmd.args(base).args(["8", "--checkpoint-dir", &ck, "--save-every", "2", "--metrics", &killed]);
+    cmd.env("PIPER_FAULT", "kill-in-save").env("PIPER_FAULT_STEP", "6");
+    let status = cmd.output().expect("spawn").status;
+    assert_eq!(status.signal(), Some(9), "the saving process must die of SIGKILL: {status:?}");
+    assert_eq!(std::fs::read_to_string(dir.join("ck/latest")).unwrap().trim(), "step-00000004");
+    let leftovers: Vec<String> = std::fs::read_dir(dir.join("ck"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with(".step-00000006.tmp-"))
+        .collect();
+    assert_eq!(leftovers.len(), 1, "the killed save's scratch folder stays aside");
+    let mut cmd = Command::new(example());
+    cmd.args(base).args(["8", "--resume", &ck, "--checkpoint-dir", &ck, "--save-every", "2", "--metrics", &killed]);
+    let (ok, out) = run(cmd, Duration::from_secs(120));
+    assert!(ok && out.contains("resuming from"), "{out}");
+    assert_eq!(common::losses(&dir.join("killed.jsonl")), common::losses(&dir.join("whole.jsonl")), "bit for bit");
+    // A corrupted shard: refused, and nothing the user saved changes.
+    let shard = dir.join("ck/step-00000008/shard-00000.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let n = bytes.len();
+    bytes[n - 5] ^= 1;
+    std::fs::write(&shard, &bytes).unwrap();
+    let before = (std::fs::read(dir.join("killed.jsonl")).unwrap(), std::fs::read_dir(dir.join("ck")).unwrap().count());
+    let mut cmd = Command::new(example());
+    cmd.args(base).args(["10", "--resume", &ck, "--checkpoint-dir", &ck, "--metrics", &killed]);
+    let out = cmd.output().expect("spawn");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let errors: Vec<&str> = text.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        errors.len() == 1
+            && errors[0].contains("step-00000008/shard-00000.safetensors")
+            && errors[0].contains("SHA-256"),
+        "{text}"
+    );
+    let after = (std::fs::read(dir.join("killed.jsonl")).unwrap(), std::fs::read_dir(dir.join("ck")).unwrap().count());
+    assert_eq!(before, after, "a refused resume changes nothing");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

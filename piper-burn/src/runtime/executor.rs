@@ -26,7 +26,7 @@ use super::fingerprint::check_ranks_agree;
 use super::migration::{GroupCoords, MigrationEvent, MigrationSettings, Migrator, move_experts};
 use super::optim::{AdamW, AdamWSettings};
 use super::plan::{check_fits_machine, check_plan};
-use super::report::{StepMetrics, peak_rss_bytes};
+use super::report::{SavedCheckpoint, StepMetrics, peak_rss_bytes};
 use super::stage::{Stage, StageShape, StepState};
 use crate::corpus::Corpus;
 use crate::dispatcher::exchange::ExchangeGroup;
@@ -61,6 +61,8 @@ pub struct Trained {
     pub peak_rss_bytes: Vec<u64>,
     /// Expert placement per MoE layer of the whole model.
     pub placements: Vec<ExpertPlacement>,
+    /// Seconds this rank took to load its part of the resumed checkpoint.
+    pub resume_seconds: Option<f64>,
 }
 
 impl Job<'_> {
@@ -246,6 +248,8 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
     };
     let model_json = serde_json::to_string(job.model).map_err(|e| e.to_string())?;
     let mut start_step = 0;
+    let resume_started = Instant::now();
+    let mut resume_seconds = None;
     if let Some(r) = job.resume {
         model = checkpoint::restore(model, &mut optim, &share, &placements, r)?;
         corpus.restore_position(&r.manifest.data).map_err(|e| format!("--resume {}: {e}", r.folder.display()))?;
@@ -253,6 +257,7 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
             m.restore_window(w.steps as usize, &w.counts)?;
         }
         start_step = r.manifest.step as usize;
+        resume_seconds = Some(resume_started.elapsed().as_secs_f64());
     }
     let mut st =
         Stage { shape, model, optim, world, stage_comm, expert_dp_comm, dispatcher, device, grad_clip: run.grad_clip };
@@ -296,6 +301,7 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
             step_time_s: dt,
             bubble: (layout.pp > 1).then(|| sums[2] as f64 / world.size() as f64),
             migration: Vec::new(),
+            checkpoint: None,
         };
         let mut metrics = metrics;
         if let Some(m) = migrator.as_mut() {
@@ -305,8 +311,6 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
             st.model = moved;
             metrics.migration = events;
         }
-        on_step(&metrics);
-        all.push(metrics);
         if let Some(dir) = job.checkpoint.dir.as_deref() {
             let every = job.checkpoint.save_every;
             if (every > 0 && (step + 1) % every == 0) || step + 1 == run.steps {
@@ -323,16 +327,23 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
                     placements: &placements,
                     window,
                 };
-                checkpoint::save(world, &st.model, &st.optim, &share, &state, dir, job.checkpoint.keep)?;
+                let started = Instant::now();
+                let folder = checkpoint::save(world, &st.model, &st.optim, &share, &state, dir, job.checkpoint.keep)?;
+                let bytes = std::fs::read_dir(&folder)
+                    .map(|d| d.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
+                    .unwrap_or(0);
+                metrics.checkpoint = Some(SavedCheckpoint { folder, bytes, seconds: started.elapsed().as_secs_f64() });
             }
         }
+        on_step(&metrics);
+        all.push(metrics);
     }
     let rss = piper_comm::collectives::all_gather(world, &[peak_rss_bytes()], "peak memory gather")
         .map_err(|e| e.to_string())?
         .into_iter()
         .map(|v| v[0])
         .collect();
-    Ok(Trained { model: st.model, metrics: all, peak_rss_bytes: rss, placements })
+    Ok(Trained { model: st.model, metrics: all, peak_rss_bytes: rss, placements, resume_seconds })
 }
 
 /// The migrations the window calls for: every rank decides the same; the ranks of each layer's stage

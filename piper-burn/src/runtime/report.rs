@@ -39,6 +39,17 @@ pub struct StepMetrics {
     /// Expert migrations after this step (one per rebalanced MoE layer).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub migration: Vec<super::migration::MigrationEvent>,
+    /// The checkpoint saved after this step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<SavedCheckpoint>,
+}
+
+/// A checkpoint a step saved: where, how large (all shards and the manifest), how long it took.
+#[derive(Clone, Debug, Serialize)]
+pub struct SavedCheckpoint {
+    pub folder: PathBuf,
+    pub bytes: u64,
+    pub seconds: f64,
 }
 
 /// Where the per-step output goes.
@@ -121,14 +132,25 @@ impl Reporter {
             match open_metrics(&p, self.options.first_step) {
                 Ok(f) => self.metrics = Some(f),
                 Err(e) => {
-                    self.write_error.get_or_insert(format!("--metrics {}: {e}", p.display()));
+                    self.write_error.get_or_insert(format!("{}: {e}", p.display()));
                 }
             }
         }
+        // Flushed every step: a run killed later still leaves the lines of the steps it finished.
         if let Some(f) = self.metrics.as_mut()
-            && let Err(e) = writeln!(f, "{}", serde_json::to_string(m).expect("metrics serialise"))
+            && let Err(e) =
+                writeln!(f, "{}", serde_json::to_string(m).expect("metrics serialise")).and_then(|_| f.flush())
         {
             self.write_error.get_or_insert(e.to_string());
+        }
+        if let Some(c) = &m.checkpoint {
+            self.println(&format!(
+                "step {:>5}  checkpoint: {} ({:.1} MiB) in {:.2} s",
+                m.step,
+                c.folder.display(),
+                c.bytes as f64 / (1u64 << 20) as f64,
+                c.seconds
+            ));
         }
         for e in &m.migration {
             self.println(&format!(

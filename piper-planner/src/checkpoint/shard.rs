@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
-use safetensors::tensor::{Dtype, TensorView};
 use sha2::{Digest, Sha256};
 
 use super::{Manifest, ShardFile, TensorEntry};
@@ -21,42 +20,59 @@ type Index = HashMap<String, (Vec<usize>, [u64; 2])>;
 
 /// Hex SHA-256 of some bytes.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    hex(&Sha256::digest(bytes))
 }
 
-fn le_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// Writes `tensors` as `folder/name` (safetensors, synced) and returns its manifest entry.
+/// Writes `tensors` as `folder/name` (safetensors, f32) and returns its manifest entry. Streamed: the
+/// header is built from the shapes, then each tensor's bytes go to the file through one small buffer
+/// while both its own and the file's SHA-256 are computed — no second copy of the shard in memory.
 pub fn write_shard(folder: &Path, name: &str, rank: u64, tensors: &[Named]) -> Result<ShardFile> {
     let path = folder.join(name);
     let show = || path.display().to_string();
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> =
-        tensors.iter().map(|(n, s, v)| (n.clone(), s.clone(), le_bytes(v))).collect();
-    for (n, s, b) in &bytes {
-        if s.iter().product::<usize>() * 4 != b.len() {
-            return Err(Error::file(show(), format!("tensor `{n}` has {} values for shape {s:?}", b.len() / 4)));
+    let mut header = serde_json::Map::new();
+    let mut offset = 0u64;
+    for (n, shape, values) in tensors {
+        if shape.iter().product::<usize>() != values.len() {
+            return Err(Error::file(show(), format!("tensor `{n}` has {} values for shape {shape:?}", values.len())));
         }
+        let end = offset + 4 * values.len() as u64;
+        header.insert(n.clone(), serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, end]}));
+        offset = end;
     }
-    let views: Vec<(String, TensorView)> = bytes
-        .iter()
-        .map(|(n, s, b)| {
-            Ok((n.clone(), TensorView::new(Dtype::F32, s.clone(), b).map_err(|e| Error::file(show(), e.to_string()))?))
-        })
-        .collect::<Result<_>>()?;
-    let data = safetensors::serialize(views, None).map_err(|e| Error::file(show(), format!("cannot encode: {e}")))?;
-    let mut f = std::fs::File::create(&path).map_err(|e| Error::file(show(), format!("cannot create: {e}")))?;
-    f.write_all(&data).and_then(|_| f.sync_all()).map_err(|e| Error::file(show(), format!("cannot write: {e}")))?;
-    let entries = bytes
-        .iter()
-        .map(|(n, s, b)| TensorEntry {
-            name: n.clone(),
-            shape: s.iter().map(|d| *d as u64).collect(),
-            sha256: sha256_hex(b),
-        })
-        .collect();
-    Ok(ShardFile { name: name.into(), rank, bytes: data.len() as u64, sha256: sha256_hex(&data), tensors: entries })
+    let mut text = serde_json::to_vec(&header).expect("a header serialises");
+    // safetensors pads the header with spaces so the data starts 8-byte aligned.
+    text.resize(text.len().next_multiple_of(8), b' ');
+    let write_err = |e: std::io::Error| Error::file(show(), format!("cannot write: {e}"));
+    let file = std::fs::File::create(&path).map_err(|e| Error::file(show(), format!("cannot create: {e}")))?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    let mut whole = Sha256::new();
+    let prefix = (text.len() as u64).to_le_bytes();
+    for part in [&prefix[..], &text] {
+        out.write_all(part).map_err(write_err)?;
+        whole.update(part);
+    }
+    let mut entries = Vec::with_capacity(tensors.len());
+    let mut chunk = Vec::with_capacity(1 << 16);
+    for (n, shape, values) in tensors {
+        let mut own = Sha256::new();
+        for block in values.chunks(1 << 14) {
+            chunk.clear();
+            chunk.extend(block.iter().flat_map(|x| x.to_le_bytes()));
+            out.write_all(&chunk).map_err(write_err)?;
+            own.update(&chunk);
+            whole.update(&chunk);
+        }
+        let sha256 = hex(&own.finalize());
+        entries.push(TensorEntry { name: n.clone(), shape: shape.iter().map(|d| *d as u64).collect(), sha256 });
+    }
+    let file = out.into_inner().map_err(|e| write_err(e.into_error()))?;
+    file.sync_all().map_err(write_err)?;
+    let bytes = 8 + text.len() as u64 + offset;
+    Ok(ShardFile { name: name.into(), rank, bytes, sha256: hex(&whole.finalize()), tensors: entries })
+}
+
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The safetensors header of an open shard: name → (shape, byte range within the data section), and
@@ -150,4 +166,68 @@ pub fn verify_file(folder: &Path, file: &ShardFile) -> Result<()> {
         return Err(Error::file(&show, "fails its size or SHA-256 check: truncated or corrupted"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_safetensors_files_and_read_back_tensor_by_tensor() {
+        let dir = std::env::temp_dir().join(format!("piper-shard-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let tensors: Vec<Named> = vec![
+            ("a.weight".into(), vec![2, 3], (0..6).map(|x| x as f32 * 0.5 - 1.0).collect()),
+            ("b".into(), vec![5], vec![f32::MIN_POSITIVE, -0.0, 3.25, 1e30, -7.0]),
+            ("c.empty".into(), vec![0, 4], vec![]),
+        ];
+        let f = write_shard(&dir, "s.safetensors", 3, &tensors).unwrap();
+        let bytes = std::fs::read(dir.join("s.safetensors")).unwrap();
+        assert_eq!((f.bytes, f.sha256.as_str()), (bytes.len() as u64, sha256_hex(&bytes).as_str()));
+        // The safetensors crate reads it: same names, shapes and values.
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        for (name, shape, values) in &tensors {
+            let view = st.tensor(name).unwrap();
+            assert_eq!(view.shape(), &shape[..]);
+            let got: Vec<f32> =
+                view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            assert_eq!(&got, values);
+        }
+        let manifest_files = vec![f];
+        let m = |files| crate::checkpoint::Manifest {
+            format: crate::checkpoint::FORMAT.into(),
+            version: crate::checkpoint::FORMAT_VERSION,
+            step: 1,
+            model: crate::model::preset("tiny").unwrap(),
+            model_config: String::new(),
+            seed: 0,
+            layout: crate::layout::Layout { pp: 1, ep: 1, dp: 1 },
+            split: vec![2],
+            plan: {
+                let spec = crate::model::preset("tiny").unwrap();
+                let platform = crate::platform::preset("local").unwrap();
+                let mut req = crate::planner::PlanRequest::new(1, 8, 32);
+                req.base.dtype = "fp32".into();
+                let best = crate::planner::plan(&spec, &platform, &req).unwrap().plans.remove(0);
+                crate::run_plan::RunPlan::from_candidate(&spec, "local", 32, "fp32", &best)
+            },
+            optimizer: crate::checkpoint::OptimizerState {
+                steps: 1,
+                beta_1: 0.9,
+                beta_2: 0.95,
+                epsilon: 1e-8,
+                weight_decay: 0.1,
+            },
+            data: serde_json::Value::Null,
+            placements: vec![],
+            migration_window: None,
+            files,
+        };
+        let manifest = m(manifest_files);
+        let want = vec!["b".to_string(), "nope".to_string()];
+        let (got, missing) = read_tensors(&dir, &manifest, &want).unwrap();
+        assert_eq!(got["b"].1, tensors[1].2);
+        assert_eq!(missing, vec!["nope".to_string()]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
