@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::prelude::*;
+use piper_planner::checkpoint::shard::Fill;
 use piper_planner::model::ModelSpec;
 
 use crate::lm::CausalLm;
@@ -216,6 +217,26 @@ pub fn to_hf(entry: &Entry, dims: &[usize], values: &[f32]) -> (Vec<usize>, Vec<
     (vec![c, r], out)
 }
 
+/// The HF-layout shape of `entry` and a function that fills HF-layout values from row-major index
+/// `start` on, reading the holder's Burn-layout `values` in place (no transposed copy is made).
+pub fn hf_view<'a>(entry: &Entry, dims: &[usize], values: &'a [f32]) -> (Vec<usize>, Fill<'a>) {
+    let (r, c, base) = match (entry.slot, dims) {
+        (Slot::Whole { transpose: false }, _) => {
+            return (dims.to_vec(), Box::new(move |start, out| out.copy_from_slice(&values[start..start + out.len()])));
+        }
+        (Slot::Whole { transpose: true }, [r, c]) => (*r, *c, 0),
+        (Slot::Expert { slot }, [_, r, c]) => (*r, *c, slot * r * c),
+        _ => panic!("state dict entry `{}` does not fit a parameter of shape {dims:?}", entry.name),
+    };
+    // HF index k = j·r + i holds Burn element (i, j) = values[base + i·c + j].
+    let fill = move |start: usize, out: &mut [f32]| {
+        for (k, o) in (start..).zip(out.iter_mut()) {
+            *o = values[base + (k % r) * c + k / r];
+        }
+    };
+    (vec![c, r], Box::new(fill))
+}
+
 /// Writes an HF-layout tensor into its holder's Burn-layout buffer (the inverse of [`to_hf`]); the
 /// error names the tensor when its shape does not fit.
 pub fn from_hf(entry: &Entry, dims: &[usize], buffer: &mut [f32], shape: &[usize], hf: &[f32]) -> Result<(), String> {
@@ -289,4 +310,55 @@ pub fn replace(model: CausalLm, values: &HashMap<Target, Vec<f32>>) -> CausalLm 
         }
     }
     model
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(slot: Slot) -> Entry {
+        Entry { name: "t".into(), target: Target::RouterBias(0), slot, layer: None, expert: None }
+    }
+
+    /// The streaming view, the materialised HF tensor and the inverse agree for every slot kind, against
+    /// a naive transpose written out index by index.
+    #[test]
+    fn views_copies_and_inverse_agree() {
+        let (e, r, c) = (3, 4, 5);
+        let values: Vec<f32> = (0..e * r * c).map(|x| x as f32).collect();
+        for (slot, dims) in [
+            (Slot::Whole { transpose: false }, vec![e * r * c]),
+            (Slot::Whole { transpose: true }, vec![r * e, c]),
+            (Slot::Expert { slot: 2 }, vec![e, r, c]),
+        ] {
+            let en = entry(slot);
+            let (shape, hf) = to_hf(&en, &dims, &values);
+            let naive: Vec<f32> = match slot {
+                Slot::Whole { transpose: false } => values.clone(),
+                Slot::Whole { transpose: true } => {
+                    (0..c).flat_map(|j| (0..r * e).map(move |i| (i * c + j) as f32)).collect()
+                }
+                Slot::Expert { slot } => {
+                    (0..c).flat_map(|j| (0..r).map(move |i| (slot * r * c + i * c + j) as f32)).collect()
+                }
+            };
+            assert_eq!(hf, naive, "{slot:?}");
+            let (view_shape, fill) = hf_view(&en, &dims, &values);
+            assert_eq!(view_shape, shape);
+            let mut streamed = vec![0.0; hf.len()];
+            for start in (0..hf.len()).step_by(7) {
+                let end = (start + 7).min(hf.len());
+                fill(start, &mut streamed[start..end]);
+            }
+            assert_eq!(streamed, hf, "{slot:?} streamed");
+            let mut back = vec![f32::NAN; values.len()];
+            if let Slot::Expert { .. } = slot {
+                back.copy_from_slice(&values);
+                back[2 * r * c..3 * r * c].fill(f32::NAN);
+            }
+            from_hf(&en, &dims, &mut back, &shape, &hf).unwrap();
+            assert_eq!(back, values, "{slot:?} inverse");
+            assert!(from_hf(&en, &dims, &mut back, &[1, 2], &hf).unwrap_err().contains("has shape [1, 2]"));
+        }
+    }
 }

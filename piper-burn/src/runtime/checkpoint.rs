@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use burn::module::ParamId;
 use piper_comm::Communicator;
 use piper_comm::collectives::all_gather_bytes;
-use piper_planner::checkpoint::shard::{Named, read_tensors, write_shard};
+use piper_planner::checkpoint::shard::{Source, read_tensors, write_shard};
 use piper_planner::checkpoint::{
     EXP_AVG, EXP_AVG_SQ, FORMAT, FORMAT_VERSION, Manifest, MigrationWindow, OptimizerState, SavedPlacement, ShardFile,
     commit, load_resume, prune, scratch_folder,
@@ -111,26 +111,47 @@ fn owns(entry: &Entry, share: &Share) -> bool {
     }
 }
 
-/// The tensors this rank writes: weights and, where the optimizer has them, both moments.
-fn owned_tensors(model: &CausalLm, optim: &AdamW, share: &Share, placements: &[ExpertPlacement]) -> Vec<Named> {
-    let host = state_dict::host_values(model);
-    type HostMoments = Option<(Vec<f32>, Vec<f32>)>;
-    let mut moments: HashMap<ParamId, HostMoments> = HashMap::new();
-    let mut out = Vec::new();
-    for e in rank_entries(model, share, placements).iter().filter(|e| owns(e, share)) {
-        let (dims, values) = &host[&e.target];
-        let (shape, v) = state_dict::to_hf(e, dims, values);
-        out.push((e.name.clone(), shape, v));
-        if let Target::Param(id) = e.target
-            && let Some((m, v)) = moments.entry(id).or_insert_with(|| optim.host(id))
-        {
-            for (suffix, x) in [(EXP_AVG, m), (EXP_AVG_SQ, v)] {
-                let (shape, x) = state_dict::to_hf(e, dims, x);
-                out.push((format!("{}{suffix}", e.name), shape, x));
+/// Host copies of what this rank writes: values by target, moments by parameter.
+struct Owned {
+    entries: Vec<Entry>,
+    host: state_dict::HostValues,
+    moments: HashMap<ParamId, (Vec<f32>, Vec<f32>)>,
+}
+
+impl Owned {
+    fn new(model: &CausalLm, optim: &AdamW, share: &Share, placements: &[ExpertPlacement]) -> Self {
+        let entries: Vec<Entry> =
+            rank_entries(model, share, placements).into_iter().filter(|e| owns(e, share)).collect();
+        let mut moments = HashMap::new();
+        for e in &entries {
+            if let Target::Param(id) = e.target
+                && !moments.contains_key(&id)
+                && let Some(mv) = optim.host(id)
+            {
+                moments.insert(id, mv);
             }
         }
+        Owned { entries, host: state_dict::host_values(model), moments }
     }
-    out
+
+    /// The tensors to write, as views of the host copies (weights, then both moments where they exist).
+    fn sources(&self) -> Vec<Source<'_>> {
+        let mut out = Vec::new();
+        for e in &self.entries {
+            let (dims, values) = &self.host[&e.target];
+            let (shape, fill) = state_dict::hf_view(e, dims, values);
+            out.push(Source { name: e.name.clone(), shape, fill });
+            if let Target::Param(id) = e.target
+                && let Some((m, v)) = self.moments.get(&id)
+            {
+                for (suffix, x) in [(EXP_AVG, m), (EXP_AVG_SQ, v)] {
+                    let (shape, fill) = state_dict::hf_view(e, dims, x);
+                    out.push(Source { name: format!("{}{suffix}", e.name), shape, fill });
+                }
+            }
+        }
+        out
+    }
 }
 
 /// What a checkpoint records beyond the model and the optimizer.
@@ -174,13 +195,14 @@ pub(crate) fn save(
     };
     agree(world, prepared.as_ref().err(), "checkpoint folder").map_err(fail)?;
 
-    let tensors = owned_tensors(model, optim, share, state.placements);
-    let mine: Result<Option<ShardFile>, String> = if tensors.is_empty() {
+    let owned = Owned::new(model, optim, share, state.placements);
+    let mine: Result<Option<ShardFile>, String> = if owned.entries.is_empty() {
         Ok(None)
     } else {
         let name = format!("shard-{:05}.safetensors", world.rank());
-        write_shard(&scratch, &name, world.rank() as u64, &tensors).map(Some).map_err(|e| e.to_string())
+        write_shard(&scratch, &name, world.rank() as u64, &owned.sources()).map(Some).map_err(|e| e.to_string())
     };
+    drop(owned);
     super::report::fault_in_save(world.rank(), state.step);
     let encoded = serde_json::to_vec(&mine).map_err(|e| e.to_string())?;
     let gathered = all_gather_bytes(world, &encoded, "checkpoint shard list").map_err(|e| fail(e.to_string()))?;

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use super::shard::{Named, read_tensors, verify_file, write_shard};
+use super::shard::{Source, read_tensors, verify_file, write_shard};
 use super::{EXP_AVG, EXP_AVG_SQ, Manifest, resolve};
 use crate::error::{Error, Result};
 use crate::model::{Attention, LayerKind, ModelSpec, Norm, QkNorm, ScoreFunction};
@@ -128,7 +128,8 @@ pub fn export_hf(path: &Path, out: &Path) -> Result<Exported> {
     if let Some(m) = missing.first() {
         return Err(Error::file(folder.display().to_string(), format!("no shard holds `{m}`")));
     }
-    let named: Vec<Named> = list.iter().map(|n| (n.clone(), tensors[n].0.clone(), tensors[n].1.clone())).collect();
+    let named: Vec<Source> =
+        list.iter().map(|n| Source::values(n.clone(), tensors[n].0.clone(), &tensors[n].1)).collect();
     let show = out.display().to_string();
     std::fs::create_dir_all(out).map_err(|e| Error::file(&show, format!("cannot create: {e}")))?;
     // The weights go to a temporary name first, then replace model.safetensors in one rename.

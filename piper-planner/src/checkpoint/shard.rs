@@ -13,6 +13,24 @@ use crate::error::{Error, Result};
 
 /// A named f32 tensor: (name, shape, values in row-major order).
 pub type Named = (String, Vec<usize>, Vec<f32>);
+
+/// Fills values from a row-major index on (see [`Source`]).
+pub type Fill<'a> = Box<dyn Fn(usize, &mut [f32]) + 'a>;
+
+/// One tensor to write without materialising it: `fill(start, out)` writes its values from row-major
+/// index `start` on into `out` (e.g. a transposed view of a parameter).
+pub struct Source<'a> {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub fill: Fill<'a>,
+}
+
+impl<'a> Source<'a> {
+    /// A tensor whose values are at hand.
+    pub fn values(name: String, shape: Vec<usize>, values: &'a [f32]) -> Self {
+        Source { name, shape, fill: Box::new(move |start, out| out.copy_from_slice(&values[start..start + out.len()])) }
+    }
+}
 /// Tensors by name: shape and values.
 pub type TensorMap = HashMap<String, (Vec<usize>, Vec<f32>)>;
 /// A shard's header: tensor name → (shape, byte range in the data section).
@@ -26,17 +44,17 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// Writes `tensors` as `folder/name` (safetensors, f32) and returns its manifest entry. Streamed: the
 /// header is built from the shapes, then each tensor's bytes go to the file through one small buffer
 /// while both its own and the file's SHA-256 are computed — no second copy of the shard in memory.
-pub fn write_shard(folder: &Path, name: &str, rank: u64, tensors: &[Named]) -> Result<ShardFile> {
+pub fn write_shard(folder: &Path, name: &str, rank: u64, tensors: &[Source]) -> Result<ShardFile> {
     let path = folder.join(name);
     let show = || path.display().to_string();
     let mut header = serde_json::Map::new();
     let mut offset = 0u64;
-    for (n, shape, values) in tensors {
-        if shape.iter().product::<usize>() != values.len() {
-            return Err(Error::file(show(), format!("tensor `{n}` has {} values for shape {shape:?}", values.len())));
+    for t in tensors {
+        let end = offset + 4 * t.shape.iter().product::<usize>() as u64;
+        let entry = serde_json::json!({"dtype": "F32", "shape": t.shape, "data_offsets": [offset, end]});
+        if header.insert(t.name.clone(), entry).is_some() {
+            return Err(Error::file(show(), format!("tensor `{}` is listed twice", t.name)));
         }
-        let end = offset + 4 * values.len() as u64;
-        header.insert(n.clone(), serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, end]}));
         offset = end;
     }
     let mut text = serde_json::to_vec(&header).expect("a header serialises");
@@ -52,10 +70,14 @@ pub fn write_shard(folder: &Path, name: &str, rank: u64, tensors: &[Named]) -> R
         whole.update(part);
     }
     let mut entries = Vec::with_capacity(tensors.len());
-    let mut chunk = Vec::with_capacity(1 << 16);
-    for (n, shape, values) in tensors {
+    const BLOCK: usize = 1 << 14;
+    let (mut values, mut chunk) = (vec![0f32; BLOCK], Vec::with_capacity(4 * BLOCK));
+    for t in tensors {
         let mut own = Sha256::new();
-        for block in values.chunks(1 << 14) {
+        let n = t.shape.iter().product::<usize>();
+        for start in (0..n).step_by(BLOCK) {
+            let block = &mut values[..BLOCK.min(n - start)];
+            (t.fill)(start, block);
             chunk.clear();
             chunk.extend(block.iter().flat_map(|x| x.to_le_bytes()));
             out.write_all(&chunk).map_err(write_err)?;
@@ -63,7 +85,7 @@ pub fn write_shard(folder: &Path, name: &str, rank: u64, tensors: &[Named]) -> R
             whole.update(&chunk);
         }
         let sha256 = hex(&own.finalize());
-        entries.push(TensorEntry { name: n.clone(), shape: shape.iter().map(|d| *d as u64).collect(), sha256 });
+        entries.push(TensorEntry { name: t.name.clone(), shape: t.shape.iter().map(|d| *d as u64).collect(), sha256 });
     }
     let file = out.into_inner().map_err(|e| write_err(e.into_error()))?;
     file.sync_all().map_err(write_err)?;
@@ -181,7 +203,8 @@ mod tests {
             ("b".into(), vec![5], vec![f32::MIN_POSITIVE, -0.0, 3.25, 1e30, -7.0]),
             ("c.empty".into(), vec![0, 4], vec![]),
         ];
-        let f = write_shard(&dir, "s.safetensors", 3, &tensors).unwrap();
+        let sources: Vec<Source> = tensors.iter().map(|(n, s, v)| Source::values(n.clone(), s.clone(), v)).collect();
+        let f = write_shard(&dir, "s.safetensors", 3, &sources).unwrap();
         let bytes = std::fs::read(dir.join("s.safetensors")).unwrap();
         assert_eq!((f.bytes, f.sha256.as_str()), (bytes.len() as u64, sha256_hex(&bytes).as_str()));
         // The safetensors crate reads it: same names, shapes and values.
