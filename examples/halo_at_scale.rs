@@ -29,10 +29,10 @@ fn main() {
         }
     }
     if let Some(path) = json_path {
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&serde_json::json!({"platform": "frontier", "results": rows})).unwrap(),
-        )
-        .expect("write JSON");
+        let text = serde_json::to_string_pretty(&serde_json::json!({"platform": "frontier", "results": rows})).unwrap();
+        if let Err(e) = piper::planner::atomic::write_atomic(std::path::Path::new(&path), text.as_bytes()) {
+            eprintln!("error: {path}: {e}");
+            std::process::exit(2);
+        }
     }
 }

@@ -40,7 +40,7 @@ fn run(args: &Args) -> Result<(), String> {
         let co = rtc.compile(k.name, &k.source, &args.arch)?;
         let write = |ext: &str, bytes: &[u8]| {
             let path = args.out.join(format!("{}.{ext}", k.name));
-            std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))
+            piper::planner::atomic::write_atomic(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))
         };
         write("hip", k.source.as_bytes())?;
         write("co", &co.bytes)?;
@@ -63,7 +63,7 @@ fn run(args: &Args) -> Result<(), String> {
     println!("sources and code objects in {}", args.out.display());
     if let Some(path) = &args.json {
         let doc = serde_json::json!({ "arch": args.arch, "compiler": "HIP RTC (libamdhip64)", "kernels": rows });
-        std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap())
+        piper::planner::atomic::write_atomic(path, serde_json::to_string_pretty(&doc).unwrap().as_bytes())
             .map_err(|e| format!("--json {}: {e}", path.display()))?;
     }
     Ok(())

@@ -112,9 +112,10 @@ fn main() {
     });
     println!("{}", serde_json::to_string_pretty(&doc).expect("json"));
     if let Some(path) = a.json {
-        std::fs::write(&path, serde_json::to_string_pretty(&doc).expect("json")).unwrap_or_else(|e| {
-            eprintln!("error: --json {}: {e}", path.display());
-            std::process::exit(2);
-        });
+        piper::planner::atomic::write_atomic(&path, serde_json::to_string_pretty(&doc).expect("json").as_bytes())
+            .unwrap_or_else(|e| {
+                eprintln!("error: --json {}: {e}", path.display());
+                std::process::exit(2);
+            });
     }
 }

@@ -1,5 +1,5 @@
 //! `mixtral_train`'s command line on one process, run as a user would: `--plan auto` picks a layout and
-//! reports its prediction error; every class of bad run configuration gets one `error:` line naming the
+//! reports its prediction error; every class of bad run configuration (checkpoint flags included) gets one `error:` line naming the
 //! flag, exit code 2, and no work; layouts that need more ranks than the job has are refused.
 
 mod common;
@@ -64,6 +64,9 @@ fn bad_run_configurations_get_one_line_and_exit_2() {
         (vec!["--plan", "/nonexistent/plan.json"], "--plan /nonexistent/plan.json"),
         (vec!["--plan", foreign.to_str().unwrap()], "not a Piper plan file"),
         (vec!["--grammar-alphabet", "1"], "--grammar-alphabet is 1"),
+        (vec!["--keep", "0", "--checkpoint-dir", "/tmp"], "--keep is 0"),
+        (vec!["--save-every", "5"], "--save-every needs --checkpoint-dir"),
+        (vec!["--resume", "/nonexistent/ckpt"], "--resume /nonexistent/ckpt: no such checkpoint folder"),
     ];
     for (args, want) in cases {
         let mut cmd = Command::new(example());

@@ -37,8 +37,9 @@ pub fn exchange_counts<C: Communicator + ?Sized>(comm: &C, send_counts: &[usize]
     Ok(recv)
 }
 
-/// Largest total one operation may receive: this machine's memory (`MemTotal`), or 1 TiB where unknown.
-fn max_receive_bytes() -> usize {
+/// This machine's memory (`MemTotal`), or 1 TiB where unknown: the largest total one operation may
+/// receive, and the bound on buffers sized by the user.
+pub fn max_receive_bytes() -> usize {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|t| t.lines().find(|l| l.starts_with("MemTotal:"))?.split_whitespace().nth(1)?.parse::<usize>().ok())

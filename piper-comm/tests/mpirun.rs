@@ -99,3 +99,26 @@ fn a_missing_rank_is_named_and_the_job_ends() {
     assert!(out.contains("barrier (failure test)") && out.contains("group `world`"), "{out}");
     assert!(start.elapsed() < Duration::from_secs(30), "took {:?}", start.elapsed());
 }
+
+/// Sizes the user gives are checked against this machine's memory before anything is allocated (one
+/// process, no mpirun needed): an absurd `--sizes` or `--dispatch-tokens` is one error line, not an abort.
+#[test]
+#[cfg_attr(
+    not(feature = "mpi"),
+    ignore = "needs MPI: run scripts/test-mpi.sh (installs OpenMPI, builds with --features mpi)"
+)]
+fn absurd_benchmark_sizes_are_refused_before_allocation() {
+    let bin = option_env!("CARGO_BIN_EXE_piper-comm").expect("piper-comm binary: build with --features mpi");
+    for (args, want) in [
+        (&["bench", "--sizes", "100GiB"][..], "more than this machine's"),
+        (&["bench", "--dispatch-top-k", "2", "--dispatch-tokens", "1000000000000"][..], "exceeds this machine's"),
+        (&["bench", "--dispatch-top-k", "2", "--row-bytes", "0"][..], "`--row-bytes` must be ≥ 1"),
+        (&["bench", "--sizes", "99999999999999999GiB"][..], "is not a size"),
+        (&["bench", "--iters", "0"][..], "`--iters` is 0"),
+    ] {
+        let out = Command::new(bin).args(args).output().expect("piper-comm runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && out.status.code().is_some(), "{args:?}: {:?} {err}", out.status);
+        assert!(err.lines().any(|l| l.starts_with("error:") && l.contains(want)), "{args:?}: {err}");
+    }
+}

@@ -48,19 +48,41 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     };
     num.trim()
         .parse::<usize>()
-        .map(|v| v * mult)
-        .map_err(|_| format!("`--sizes`: `{s}` is not a size like 1KiB, 64KiB, 1MiB"))
+        .ok()
+        .and_then(|v| v.checked_mul(mult))
+        .ok_or_else(|| format!("`--sizes`: `{s}` is not a size like 1KiB, 64KiB, 1MiB"))
 }
 
 pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), String> {
     let algos: Vec<Algo> =
         a.algos.iter().map(|s| Algo::parse(s, "--algos")).collect::<Result<_, _>>().map_err(|e| e.to_string())?;
     let sizes: Vec<usize> = a.sizes.iter().map(|s| parse_size(s)).collect::<Result<_, _>>()?;
-    if a.iters == 0 {
-        return Err("`--iters` must be ≥ 1".into());
+    if !(1..=1_000_000).contains(&a.iters) {
+        return Err(format!("`--iters` is {}; it must be in 1..=1000000", a.iters));
     }
     let n = world.size();
     let per_node = topo.nodes().iter().map(Vec::len).max().unwrap_or(1);
+    // Send, receive and HALO's relay buffers: about 4 × bytes per peer × ranks, on every rank of a node.
+    let memory = piper_comm::collectives::max_receive_bytes();
+    for &bytes in &sizes {
+        if bytes.checked_mul(4 * n * per_node).is_none_or(|b| b > memory) {
+            return Err(format!(
+                "`--sizes` {bytes} bytes per peer needs about 4 × {bytes} × {n} ranks × {per_node} ranks per node, more than this machine's {memory} bytes"
+            ));
+        }
+    }
+    if a.dispatch_top_k > 0 {
+        if a.row_bytes == 0 {
+            return Err("`--row-bytes` must be ≥ 1 (hidden size × element bytes)".into());
+        }
+        let need = a.dispatch_tokens.checked_mul(a.dispatch_top_k).and_then(|x| x.checked_mul(a.row_bytes));
+        if need.and_then(|x| x.checked_mul(4 * per_node)).is_none_or(|b| b > memory) {
+            return Err(format!(
+                "`--dispatch-tokens` {} × top-{} × {} bytes per row, on {per_node} ranks per node, exceeds this machine's {memory} bytes",
+                a.dispatch_tokens, a.dispatch_top_k, a.row_bytes
+            ));
+        }
+    }
     let mut results = Vec::new();
     for &bytes in &sizes {
         let send = vec![world.rank() as u8; bytes * n];
@@ -110,7 +132,7 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
         }
         let doc = json!({"results": results, "note": "median over iterations of the slowest rank; gbps = (ranks − 1) · bytes_per_peer / median_s per rank"});
         if let Some(path) = &a.json {
-            std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap())
+            piper_planner::atomic::write_atomic(path, serde_json::to_string_pretty(&doc).unwrap().as_bytes())
                 .map_err(|e| format!("{}: cannot write: {e}", path.display()))?;
         }
     }

@@ -248,7 +248,9 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: cannot create: {e}", dir.display()))?;
     }
-    std::fs::write(&path, to_toml(&platform)).map_err(|e| format!("{}: cannot write: {e}", path.display()))?;
+    // Atomically: the previous calibration stays whole until the new one is complete.
+    piper_planner::atomic::write_atomic(&path, to_toml(&platform).as_bytes())
+        .map_err(|e| format!("{}: cannot write: {e}", path.display()))?;
     println!(
         "peak {:.1} GFLOP/s per rank ({peak_how}); GEMM 1024² at m=4096: {:.1} GFLOP/s ({:.0}%); intra-node {:.2} GB/s, {:.1} µs; network {:.3} GB/s per node, {:.1} µs ({net_note}); memory {:.1} GB/s",
         peak / 1e9,
