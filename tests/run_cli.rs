@@ -65,6 +65,7 @@ fn bad_run_configurations_get_one_line_and_exit_2() {
         (vec!["--plan", foreign.to_str().unwrap()], "not a Piper plan file"),
         (vec!["--grammar-alphabet", "1"], "--grammar-alphabet is 1"),
         (vec!["--keep", "0", "--checkpoint-dir", "/tmp"], "--keep is 0"),
+        (vec!["--peak-tflops", "1e-300"], "`--peak-tflops` is 1e-300"),
         (vec!["--save-every", "5"], "--save-every needs --checkpoint-dir"),
         (vec!["--resume", "/nonexistent/ckpt"], "--resume /nonexistent/ckpt: no such checkpoint folder"),
     ];

@@ -34,6 +34,11 @@ pub const MAX_STEP_TOKENS: u64 = 1 << 53;
 /// Bytes per parameter of one state (weights, gradients, optimizer).
 pub const MAX_BYTES_PER_PARAM: f64 = 64.0;
 
+/// A number as a user reads it in an error: `1e300`, not three hundred digits.
+pub fn show(v: f64) -> String {
+    if v.is_finite() && v != 0.0 && (v.abs() >= 1e7 || v.abs() < 1e-4) { format!("{v:e}") } else { format!("{v}") }
+}
+
 /// A count in `lo..=hi`; the error names the field and the range.
 pub fn count(src: &str, field: &str, v: u64, lo: u64, hi: u64) -> Result<u64> {
     if (lo..=hi).contains(&v) {
@@ -48,7 +53,11 @@ pub fn number(src: &str, field: &str, v: f64, lo: f64, hi: f64) -> Result<f64> {
     if v.is_finite() && v >= lo && v <= hi {
         Ok(v)
     } else {
-        Err(Error::invalid(src, field, format!("is {v}; it must be a finite number in [{lo}, {hi}]")))
+        Err(Error::invalid(
+            src,
+            field,
+            format!("is {}; it must be a finite number in [{}, {}]", show(v), show(lo), show(hi)),
+        ))
     }
 }
 
@@ -57,7 +66,7 @@ pub fn positive(src: &str, field: &str, v: f64, hi: f64) -> Result<f64> {
     if v.is_finite() && v > 0.0 && v <= hi {
         Ok(v)
     } else {
-        Err(Error::invalid(src, field, format!("is {v}; it must be a finite number in (0, {hi}]")))
+        Err(Error::invalid(src, field, format!("is {}; it must be a finite number in (0, {}]", show(v), show(hi))))
     }
 }
 
@@ -92,6 +101,20 @@ mod tests {
         let err = product("x", "tokens", &[("a", 1 << 40), ("b", 1 << 40)], u64::MAX).unwrap_err().to_string();
         assert!(err.contains("`tokens` = a 1099511627776 × b 1099511627776 exceeds"), "{err}");
         assert_eq!(product("x", "t", &[("a", 3), ("b", 5)], 15), Ok(15));
+    }
+
+    #[test]
+    fn numbers_show_compactly() {
+        assert_eq!(show(1e300), "1e300");
+        assert_eq!(show(-16.0), "-16");
+        assert_eq!(show(2.5e-9), "2.5e-9");
+        assert_eq!(show(f64::NAN), "NaN");
+        assert!(
+            number("x", "f", 1e300, 0.0, 1e6)
+                .unwrap_err()
+                .to_string()
+                .contains("is 1e300; it must be a finite number in [0, 1000000]")
+        );
     }
 
     #[test]

@@ -175,10 +175,9 @@ impl RunArgs {
             None => config,
         };
         config.validate()?;
-        if let Some(t) = self.peak_tflops
-            && !(t.is_finite() && t > 0.0)
-        {
-            return Err(format!("--peak-tflops is {t}; it must be a finite number > 0"));
+        if let Some(t) = self.peak_tflops {
+            // 1 MFLOP/s to an exaFLOP/s per rank: beyond that it is a typo, and the MFU would be noise.
+            piper_planner::limits::number("run", "--peak-tflops", t, 1e-6, 1e6).map_err(|e| e.to_string())?;
         }
         let platform = piper_planner::platform::resolve_platform(&self.platform).map_err(|e| e.to_string())?;
         let plan = match (file, self.plan.as_deref()) {

@@ -4,6 +4,7 @@
 //! the command-line flag.
 
 use burn::prelude::*;
+use piper_planner::limits::show;
 use serde::{Deserialize, Serialize};
 
 /// Where the load-balancing loss takes its token counts from.
@@ -76,7 +77,7 @@ pub const MAX_SEQ_LEN: usize = 1 << 20;
 pub const MAX_GLOBAL_BATCH: usize = 1 << 24;
 
 fn finite_at_least(flag: &str, v: f64, min: f64, what: &str) -> Result<(), String> {
-    if v.is_finite() && v >= min { Ok(()) } else { Err(format!("{flag} is {v}; it must be {what}")) }
+    if v.is_finite() && v >= min { Ok(()) } else { Err(format!("{flag} is {}; it must be {what}", show(v))) }
 }
 
 impl RunConfig {
@@ -95,7 +96,7 @@ impl RunConfig {
             return Err(format!("--seq-len is {}; it must be in 2..={MAX_SEQ_LEN} tokens", self.seq_len));
         }
         if !(self.lr.is_finite() && self.lr > 0.0 && self.lr <= 10.0) {
-            return Err(format!("--lr is {}; it must be a finite number in (0, 10]", self.lr));
+            return Err(format!("--lr is {}; it must be a finite number in (0, 10]", show(self.lr)));
         }
         if !(self.min_lr_ratio.is_finite() && (0.0..=1.0).contains(&self.min_lr_ratio)) {
             return Err(format!("--min-lr-ratio is {}; it must be in [0, 1]", self.min_lr_ratio));
@@ -113,7 +114,7 @@ impl RunConfig {
             return Err(format!("--migration-every is {n}; it must be in 1..={MAX_STEPS} steps"));
         }
         if !(self.hot_factor.is_finite() && (1.0..=1e6).contains(&self.hot_factor)) {
-            return Err(format!("--hot-experts factor is {}; it must be in [1, 1e6]", self.hot_factor));
+            return Err(format!("--hot-experts factor is {}; it must be in [1, 1e6]", show(self.hot_factor)));
         }
         Ok(())
     }
