@@ -114,7 +114,7 @@ fn flags_with_non_finite_negative_or_absurd_numbers_are_refused() {
         (vec!["migrate", "--worst-case", "--model", "tiny", "--link-gbps", "inf"], vec!["--link-gbps", "is inf"]),
         (vec!["migrate", "--worst-case", "--model", "tiny", "--bytes-per-param=-16"], vec!["--bytes-per-param"]),
         (vec!["migrate", "--worst-case", "--model", "tiny", "--group-size", "0"], vec!["--group-size"]),
-        (vec!["migrate", "--loads", loads, "--expert-bytes=-1e9"], vec!["--expert-bytes", "is -1000000000"]),
+        (vec!["migrate", "--loads", loads, "--expert-bytes=-1e9"], vec!["--expert-bytes", "is -1e9"]),
         (vec!["migrate", "--loads", loads, "--expert-bytes", "NaN"], vec!["--expert-bytes"]),
         (vec!["migrate", "--loads", loads, "--ranks", "1000000000000"], vec!["`ranks` is 1000000000000"]),
         (

@@ -50,6 +50,35 @@ impl Fields<'_> {
         self.u64_opt(key)?.ok_or_else(|| self.missing(key))
     }
 
+    /// The routed-expert count under any of the names transformers 4.4x–5.x writes for it (5.x's
+    /// `attribute_map`s store Qwen3-MoE's as `num_local_experts`, DeepSeek's as `n_routed_experts`, ...).
+    fn num_experts(&self) -> Result<u64> {
+        const NAMES: [&str; 3] = ["num_local_experts", "num_experts", "n_routed_experts"];
+        for key in NAMES {
+            if let Some(v) = self.u64_opt(key)? {
+                return Ok(v);
+            }
+        }
+        Err(Error::missing(
+            self.source,
+            NAMES.join("` / `"),
+            Some(format!("the routed-expert count, required for model_type `{}`", self.model_type)),
+        ))
+    }
+
+    /// `rope_theta` at the top level (transformers 4.x) or inside `rope_parameters` (5.x).
+    fn rope_theta(&self) -> Result<Option<f64>> {
+        if let Some(v) = self.f64_opt("rope_theta")? {
+            return Ok(Some(v));
+        }
+        match self.obj.get("rope_parameters") {
+            Some(Value::Object(obj)) => {
+                Fields { obj, source: self.source, model_type: self.model_type }.f64_opt("rope_theta")
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// `num_hidden_layers`, bounded before any per-layer list is built from it.
     fn num_layers(&self) -> Result<u64> {
         crate::limits::count(
@@ -149,7 +178,7 @@ pub fn from_hf_config(value: &Value, source: &str) -> Result<ModelSpec> {
     let spec = ModelSpec {
         name,
         model_type: model_type.to_string(),
-        rope_theta: fields.f64_opt("rope_theta")?,
+        rope_theta: fields.rope_theta()?,
         norm_eps: fields.f64_opt("rms_norm_eps")?.or(fields.f64_opt("layer_norm_epsilon")?),
         rope_interleave: match fields.obj.get("rope_interleave") {
             Some(serde_json::Value::Bool(b)) => Some(*b),
@@ -209,12 +238,7 @@ fn all_moe(f: &Fields) -> Result<Vec<LayerKind>> {
 }
 
 fn mixtral(f: &Fields) -> Result<ModelSpec> {
-    let moe = softmax_moe(
-        f.u64("num_local_experts")?,
-        f.u64("num_experts_per_tok")?,
-        swiglu(f.u64("intermediate_size")?),
-        true,
-    );
+    let moe = softmax_moe(f.num_experts()?, f.u64("num_experts_per_tok")?, swiglu(f.u64("intermediate_size")?), true);
     Ok(ModelSpec { moe: Some(moe), ..base(f, f.gqa(false, false, QkNorm::None, false)?, all_moe(f)?)? })
 }
 
@@ -231,7 +255,7 @@ fn qwen_moe(f: &Fields) -> Result<ModelSpec> {
             })
             .collect();
     let mut moe = softmax_moe(
-        f.u64("num_experts")?,
+        f.num_experts()?,
         f.u64("num_experts_per_tok")?,
         swiglu(f.u64("moe_intermediate_size")?),
         f.bool_or("norm_topk_prob", !qwen2)?,
@@ -263,7 +287,7 @@ fn deepseek(f: &Fields) -> Result<ModelSpec> {
     let first_k_dense = f.u64_opt("first_k_dense_replace")?.unwrap_or(0);
     let every = f.u64_opt("moe_layer_freq")?.unwrap_or(1);
     let layers = ModelSpec::layer_pattern(f.num_layers()?, first_k_dense, every, 0, &[]);
-    let n_routed = f.u64("n_routed_experts")?;
+    let n_routed = f.num_experts()?;
     let scoring = match f.str_opt("scoring_func").unwrap_or(if v3 { "sigmoid" } else { "softmax" }) {
         "softmax" => ScoreFunction::Softmax,
         "sigmoid" => ScoreFunction::Sigmoid,
@@ -297,7 +321,7 @@ fn deepseek(f: &Fields) -> Result<ModelSpec> {
 
 fn olmoe(f: &Fields) -> Result<ModelSpec> {
     let moe = softmax_moe(
-        f.u64("num_experts")?,
+        f.num_experts()?,
         f.u64("num_experts_per_tok")?,
         swiglu(f.u64("intermediate_size")?),
         f.bool_or("norm_topk_prob", false)?,
@@ -308,7 +332,7 @@ fn olmoe(f: &Fields) -> Result<ModelSpec> {
 }
 
 fn gpt_oss(f: &Fields) -> Result<ModelSpec> {
-    let experts = f.u64_opt("num_local_experts")?.ok_or_else(|| f.missing("num_local_experts"))?;
+    let experts = f.num_experts()?;
     let top_k = match f.u64_opt("num_experts_per_tok")? {
         Some(k) => k,
         None => f.u64("experts_per_token")?,
@@ -373,7 +397,7 @@ fn llama4(f: &Fields) -> Result<ModelSpec> {
         })
         .collect::<Vec<_>>();
     let expert_f = f.u64("intermediate_size")?;
-    let mut moe = softmax_moe(f.u64("num_local_experts")?, f.u64("num_experts_per_tok")?, swiglu(expert_f), false);
+    let mut moe = softmax_moe(f.num_experts()?, f.u64("num_experts_per_tok")?, swiglu(expert_f), false);
     moe.score_function = ScoreFunction::Sigmoid;
     moe.num_shared_experts = 1;
     let dense_mlp =
@@ -421,6 +445,24 @@ mod tests {
             "num_attention_heads":2,"vocab_size":8,"num_local_experts":2,"num_experts_per_tok":3}"#;
         let err = from_hf_config_str(text, "c.json").unwrap_err().to_string();
         assert!(err.contains("`num_experts_per_tok` top-k = 3 must be in 1..=2"), "{err}");
+    }
+
+    /// transformers 5 writes Qwen3-MoE's expert count as `num_local_experts` and `rope_theta` inside
+    /// `rope_parameters`; 4.x wrote `num_experts` and a top-level `rope_theta`. Both read the same.
+    #[test]
+    fn config_names_of_transformers_4_and_5_read_the_same() {
+        let common = r#""model_type":"qwen3_moe","hidden_size":8,"intermediate_size":16,"num_hidden_layers":2,
+            "num_attention_heads":2,"vocab_size":8,"num_experts_per_tok":2,"moe_intermediate_size":4"#;
+        let v4 = format!(r#"{{{common},"num_experts":4,"rope_theta":1000000.0}}"#);
+        let v5 = format!(
+            r#"{{{common},"num_local_experts":4,"rope_parameters":{{"rope_theta":1000000.0,"rope_type":"default"}}}}"#
+        );
+        let (a, b) = (from_hf_config_str(&v4, "v4.json").unwrap(), from_hf_config_str(&v5, "v5.json").unwrap());
+        assert_eq!(a.moe, b.moe);
+        assert_eq!((a.rope_theta, b.rope_theta), (Some(1e6), Some(1e6)));
+        let none = format!(r#"{{{common}}}"#);
+        let err = from_hf_config_str(&none, "c.json").unwrap_err().to_string();
+        assert!(err.contains("`num_local_experts` / `num_experts` / `n_routed_experts`"), "{err}");
     }
 
     #[test]
