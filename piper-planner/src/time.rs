@@ -69,6 +69,56 @@ pub struct StepPrediction {
     pub mfu: f64,
 }
 
+/// Where a predicted step goes, on its critical stage (the busiest one for the pipeline part, the one
+/// with the longest reduction and update for the tail). The parts add up to the step time: `bubble_s`
+/// is what the pipeline leaves idle on the critical stage. `overhead_s` (per-op framework costs) is
+/// not modelled yet and is 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Breakdown {
+    pub critical_stage: u64,
+    pub compute_s: f64,
+    pub all_to_all_s: f64,
+    pub p2p_s: f64,
+    pub bubble_s: f64,
+    pub grad_allreduce_s: f64,
+    pub optimizer_s: f64,
+    pub overhead_s: f64,
+}
+
+impl StepPrediction {
+    /// The step split into its parts (see [`Breakdown`]) for `micro_batches` micro-batches per step.
+    pub fn breakdown(&self, micro_batches: u64) -> Breakdown {
+        let m = micro_batches as f64;
+        let busy = |s: &StageTime| s.forward_s + s.backward_s;
+        let Some(critical) = self.stages.iter().max_by(|a, b| busy(a).total_cmp(&busy(b))) else {
+            return Breakdown::default();
+        };
+        let tail = self
+            .stages
+            .iter()
+            .max_by(|a, b| (a.grad_reduce_s + a.optimizer_s).total_cmp(&(b.grad_reduce_s + b.optimizer_s)))
+            .expect("a stage");
+        // What the critical stage receives per micro-batch: activations from the stage before, gradients
+        // from the stage after (`p2p_s` of a stage is its link to the next one).
+        let s = critical.stage as usize;
+        let from_prev = s.checked_sub(1).map_or(0.0, |p| self.stages[p].p2p_s);
+        let p2p_s = m * (from_prev + critical.p2p_s);
+        let mut b = Breakdown {
+            critical_stage: critical.stage,
+            compute_s: m * (busy(critical) - critical.a2a_s),
+            all_to_all_s: m * critical.a2a_s,
+            p2p_s,
+            bubble_s: 0.0,
+            grad_allreduce_s: tail.grad_reduce_s,
+            optimizer_s: tail.optimizer_s,
+            overhead_s: 0.0,
+        };
+        let parts = b.compute_s + b.all_to_all_s + b.p2p_s + b.grad_allreduce_s + b.optimizer_s;
+        b.bubble_s = (self.step_time_s - parts).max(0.0);
+        b
+    }
+}
+
 /// Layer costs for one layout and configuration, from which any split is timed.
 #[derive(Clone, Debug)]
 pub struct CostModel<'a> {

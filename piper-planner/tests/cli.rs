@@ -222,3 +222,81 @@ fn bad_input_is_one_clear_line() {
         assert!(err.contains(expect), "{args:?}: {err}");
     }
 }
+
+/// `piper predict` gives the numbers `piper plan` ranks by for the same layout, and its breakdown adds up
+/// to the step time.
+#[test]
+fn predict_agrees_with_plan_and_its_parts_add_up() {
+    let plan = json(&[
+        "plan",
+        "--model",
+        "mixtral-8x7b",
+        "--platform",
+        "frontier",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "64",
+        "--seq-len",
+        "4096",
+        "--recompute",
+        "none",
+        "--schedules",
+        "1f1b",
+        "--all-to-all",
+        "halo",
+        "--json",
+    ]);
+    let best = &plan["plans"][0];
+    let arg = |k: &str| best[k].as_u64().unwrap().to_string();
+    let split: Vec<String> =
+        best["split"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap().to_string()).collect();
+    let (pp, ep, dp, mbs, m) = (arg("pp"), arg("ep"), arg("dp"), arg("micro_batch_size"), arg("num_micro_batches"));
+    let split = split.join(",");
+    let p = json(&[
+        "predict",
+        "--model",
+        "mixtral-8x7b",
+        "--platform",
+        "frontier",
+        "--pp",
+        &pp,
+        "--ep",
+        &ep,
+        "--dp",
+        &dp,
+        "--micro-batch-size",
+        &mbs,
+        "--num-micro-batches",
+        &m,
+        "--seq-len",
+        "4096",
+        "--recompute",
+        "none",
+        "--schedule",
+        "1f1b",
+        "--all-to-all",
+        best["all_to_all"].as_str().unwrap(),
+        "--split",
+        &split,
+        "--json",
+    ]);
+    for (mine, theirs) in [("step_time_s", "step_time_s"), ("mfu", "mfu"), ("peak_memory_bytes", "peak_memory_bytes")] {
+        assert_eq!(p[mine].as_f64(), best[theirs].as_f64(), "{mine}");
+    }
+    let b = &p["breakdown"];
+    let parts: f64 =
+        ["compute_s", "all_to_all_s", "p2p_s", "bubble_s", "grad_allreduce_s", "optimizer_s", "overhead_s"]
+            .iter()
+            .map(|k| {
+                let v = b[*k].as_f64().unwrap();
+                assert!(v.is_finite() && v >= 0.0, "{k} = {v}");
+                v
+            })
+            .sum();
+    let step = p["step_time_s"].as_f64().unwrap();
+    assert!((parts - step).abs() <= 1e-9 * step, "parts {parts} vs step {step}");
+    assert!(b["compute_s"].as_f64().unwrap() > 0.5 * step, "compute dominates a dense-enough model");
+    let mem = p["stage_memory_bytes"].as_array().unwrap();
+    assert_eq!(mem.len().to_string(), pp);
+}

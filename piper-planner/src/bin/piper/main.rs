@@ -26,6 +26,9 @@ enum Command {
     Model(commands::model::Args),
     /// Per-GPU memory of every pipeline stage for one layout: parameters, gradients, optimizer, activations.
     Memory(commands::memory::Args),
+    /// The resource model's answer for one layout: step time, tokens/s, MFU, memory per stage, and where
+    /// the step goes (compute, all-to-all, p2p, bubble, gradient all-reduce, optimizer).
+    Predict(commands::predict::Args),
     /// Search PP × EP × DP layouts, micro-batching, schedules and recomputation; rank by predicted MFU.
     Plan(commands::plan::Args),
     /// Rebalance experts inside an expert group (hill-climbing swaps), or price Piper's worst case.
@@ -52,6 +55,7 @@ fn main() {
         Command::Model(a) => commands::model::run(a),
         Command::Memory(a) => commands::memory::run(a),
         Command::Plan(a) => commands::plan::run(a),
+        Command::Predict(a) => commands::predict::run(a),
         Command::Migrate(a) => commands::migrate::run(a),
         Command::Checkpoint(a) => commands::checkpoint::run(a),
     };

@@ -5,10 +5,14 @@ pub mod memory;
 pub mod migrate;
 pub mod model;
 pub mod plan;
+pub mod predict;
 
 use clap::ValueEnum;
+use piper_planner::Result;
 use piper_planner::comm::A2aAlgo;
-use piper_planner::layout::{Recompute, Schedule, TrainConfig};
+use piper_planner::layout::{Layout, Recompute, Schedule, StageSplit, TrainConfig};
+use piper_planner::model::{ModelSpec, resolve_model};
+use piper_planner::platform::{Platform, resolve_platform};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum ScheduleArg {
@@ -101,5 +105,71 @@ impl TrainArgs {
             expert_imbalance: self.expert_imbalance,
             ..TrainConfig::new(self.seq_len)
         }
+    }
+}
+
+/// One layout of one model on one platform: what `memory` and `predict` take.
+#[derive(clap::Args, Clone)]
+pub struct OneLayout {
+    /// Model: preset name or file (HF config.json or native spec).
+    #[arg(long)]
+    model: String,
+    /// Platform: preset (frontier, nvlink-8, local) or TOML file.
+    #[arg(long, default_value = "frontier")]
+    platform: String,
+    /// Pipeline stages.
+    #[arg(long, default_value_t = 1)]
+    pp: u64,
+    /// Expert-parallel ranks per expert group (must divide the routed experts).
+    #[arg(long, default_value_t = 1)]
+    ep: u64,
+    /// Data-parallel replicas.
+    #[arg(long, default_value_t = 1)]
+    dp: u64,
+    /// Sequences per micro-batch per rank.
+    #[arg(long, default_value_t = 1)]
+    micro_batch_size: u64,
+    /// Micro-batches per step.
+    #[arg(long, default_value_t = 1)]
+    num_micro_batches: u64,
+    #[arg(long, value_enum, default_value_t = ScheduleArg::OneFOneB)]
+    schedule: ScheduleArg,
+    #[arg(long, value_enum, default_value_t = RecomputeArg::None)]
+    recompute: RecomputeArg,
+    /// Layers per stage, e.g. 15,16,16,14 (default: even, remainder on the last stages).
+    #[arg(long)]
+    split: Option<String>,
+    #[command(flatten)]
+    train: TrainArgs,
+}
+
+/// A [`OneLayout`], resolved and checked.
+pub struct Resolved {
+    pub spec: ModelSpec,
+    pub platform: Platform,
+    pub layout: Layout,
+    pub cfg: TrainConfig,
+    pub split: StageSplit,
+}
+
+impl OneLayout {
+    pub fn resolve(&self) -> Result<Resolved> {
+        let spec = resolve_model(&self.model)?;
+        let platform = resolve_platform(&self.platform)?;
+        let layout = Layout { pp: self.pp, ep: self.ep, dp: self.dp };
+        layout.validate(&spec, None)?;
+        let cfg = TrainConfig {
+            micro_batch_size: self.micro_batch_size,
+            num_micro_batches: self.num_micro_batches,
+            schedule: self.schedule.into(),
+            recompute: self.recompute.into(),
+            ..self.train.config()
+        };
+        cfg.validate_for(&layout)?;
+        let split = match &self.split {
+            Some(s) => StageSplit::parse(s, spec.num_layers, self.pp)?,
+            None => StageSplit::even(spec.num_layers, self.pp),
+        };
+        Ok(Resolved { spec, platform, layout, cfg, split })
     }
 }
