@@ -59,7 +59,7 @@ fn device(backend: Backend) -> Result<burn::tensor::Device, String> {
 }
 
 fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), String> {
-    let ResolvedRun { spec, platform, config, plan, checkpoint, resume } = a.run.resolve(world.size())?;
+    let ResolvedRun { spec, platform, config, plan, checkpoint, resume, init_hf } = a.run.resolve(world.size())?;
     let mut model = lm_config(&spec).map_err(|e| e.to_string())?;
     model.zero_router = a.run.zero_router;
     let mut corpus = a.run.corpus(model.vocab_size)?;
@@ -83,6 +83,7 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), String> {
         peak_flops,
         checkpoint,
         resume,
+        init_hf: init_hf.as_deref(),
     };
     job.check(corpus.as_ref())?;
     let first_step = resume.map_or(0, |r| r.manifest.step as usize);

@@ -83,6 +83,7 @@ fn run_rank(
         peak_flops: 1.0,
         checkpoint: &checkpoint,
         resume,
+        init_hf: None,
     };
     runtime::execute(&job, &mut Grammar::new(32, 3, 9), |_| {}).map(|t| t.metrics)
 }

@@ -57,6 +57,7 @@ fn execute(
         peak_flops: 1.0,
         checkpoint: &CheckpointSettings::default(),
         resume: None,
+        init_hf: None,
     };
     runtime::execute(&job, &mut Grammar::new(32, 3, 9), |_| {})
 }

@@ -8,6 +8,7 @@ use std::path::Path;
 use burn::prelude::*;
 use piper_burn::CausalLm;
 use piper_burn::state_dict;
+use piper_planner::hf_files::decode;
 use piper_planner::model::ModelSpec;
 use safetensors::SafeTensors;
 use safetensors::tensor::{Dtype, TensorView};
@@ -43,40 +44,17 @@ pub fn save_hf(model: &CausalLm, spec: &ModelSpec, path: &Path) -> Result<(), St
         .map_err(|e| format!("{}: cannot write safetensors: {e}", path.display()))
 }
 
-/// Reads f32 tensors by name from safetensors bytes (an optional prefix is stripped from names).
+/// Reads f32 tensors by name from safetensors bytes (an optional prefix is stripped from names; F32,
+/// BF16 and F16 are converted, other dtypes skipped).
 pub fn read_f32(bytes: &[u8], prefix: &str) -> Result<NamedTensors, String> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| format!("not a safetensors file: {e}"))?;
     let mut out = HashMap::new();
     for (name, view) in st.tensors() {
         let Some(name) = name.strip_prefix(prefix) else { continue };
-        let data: Vec<f32> = match view.dtype() {
-            Dtype::F32 => {
-                view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()
-            }
-            Dtype::BF16 => view
-                .data()
-                .chunks_exact(2)
-                .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
-                .collect(),
-            Dtype::F16 => view.data().chunks_exact(2).map(|c| half_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
-            _ => continue,
-        };
+        let Some(data) = decode(&view.dtype().to_string(), view.data()) else { continue };
         out.insert(name.to_string(), (view.shape().to_vec(), data));
     }
     Ok(out)
-}
-
-fn half_to_f32(h: u16) -> f32 {
-    let sign = ((h >> 15) as u32) << 31;
-    let exp = ((h >> 10) & 0x1f) as i32;
-    let frac = (h & 0x3ff) as u32;
-    let bits = match exp {
-        0 if frac == 0 => sign,
-        0 => return f32::from_bits(sign) + (frac as f32) * 2f32.powi(-24) * if sign != 0 { -1.0 } else { 1.0 },
-        31 => sign | 0x7f80_0000 | (frac << 13),
-        e => sign | (((e - 15 + 127) as u32) << 23) | (frac << 13),
-    };
-    f32::from_bits(bits)
 }
 
 /// Replaces every weight of `model` by the tensor of the same Hugging Face name in `tensors`. Every

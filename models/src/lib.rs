@@ -7,6 +7,7 @@
 //! group-limited routing, routed scaling, dense first layers).
 
 use piper_burn::CausalLmConfig;
+pub mod eval;
 pub mod hf_weights;
 
 use piper_burn::attention::AttentionConfig;

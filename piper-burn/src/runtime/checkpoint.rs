@@ -20,6 +20,7 @@ use piper_planner::checkpoint::{
     EXP_AVG, EXP_AVG_SQ, FORMAT, FORMAT_VERSION, Manifest, MigrationWindow, OptimizerState, SavedPlacement, ShardFile,
     commit, load_resume, prune, scratch_folder,
 };
+use piper_planner::hf_files::read_hf_tensors;
 use piper_planner::model::ModelSpec;
 use piper_planner::run_plan::RunPlan;
 
@@ -294,6 +295,42 @@ pub(crate) fn resumed_placements(
         .map_err(|e| format!("--resume {}: {e}", resume.folder.display()))
 }
 
+/// The entries this rank's part of the model uses: its stage's layers with its experts, the embedding on
+/// the first stage, the final norm and head on the last.
+fn used_entries(model: &CausalLm, share: &Share, placements: &[ExpertPlacement]) -> Vec<Entry> {
+    rank_entries(model, share, placements)
+        .into_iter()
+        .filter(|e| match (e.layer, e.name.starts_with("model.embed_tokens")) {
+            (None, true) => share.stage == 0,
+            (None, false) => share.is_last,
+            _ => true,
+        })
+        .collect()
+}
+
+/// `--init-hf DIR`: replaces this rank's weights by those of the Hugging Face model folder `dir`
+/// (`model.safetensors` or a sharded index; F32, BF16 or F16), reading only the tensors its part of the
+/// model needs. The optimizer starts fresh.
+pub(crate) fn init_from_hf(
+    model: CausalLm,
+    share: &Share,
+    placements: &[ExpertPlacement],
+    dir: &Path,
+) -> Result<CausalLm, String> {
+    let show = dir.display().to_string();
+    let entries = used_entries(&model, share, placements);
+    let names: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
+    let (tensors, missing) = read_hf_tensors(dir, &names).map_err(|e| format!("--init-hf {e}"))?;
+    if let Some(name) = missing.first() {
+        return Err(format!("--init-hf {show}: the checkpoint has no tensor `{name}` ({} missing)", missing.len()));
+    }
+    let dims: HashMap<Target, Vec<usize>> =
+        state_dict::host_values(&model).into_iter().map(|(t, (d, _))| (t, d)).collect();
+    let values = state_dict::assemble(&entries, &dims, &tensors, &|e| e.name.clone())
+        .map_err(|e| format!("--init-hf {show}: {e}"))?;
+    Ok(state_dict::replace(model, &values))
+}
+
 /// Loads this rank's part of the model and its optimizer state from `resume` (the model's layers laid
 /// out as `placements` say). Reads only the tensors it needs; each is checked against the manifest.
 pub(crate) fn restore(
@@ -304,16 +341,7 @@ pub(crate) fn restore(
     resume: &Resume,
 ) -> Result<CausalLm, String> {
     let show = resume.folder.display().to_string();
-    let entries = rank_entries(&model, share, placements);
-    // Only what this rank uses: the embedding on the first stage, the head on the last.
-    let entries: Vec<Entry> = entries
-        .into_iter()
-        .filter(|e| match (e.layer, e.name.starts_with("model.embed_tokens")) {
-            (None, true) => share.stage == 0,
-            (None, false) => share.is_last,
-            _ => true,
-        })
-        .collect();
+    let entries = used_entries(&model, share, placements);
     let mut names: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
     names.extend(entries.iter().flat_map(|e| [format!("{}{EXP_AVG}", e.name), format!("{}{EXP_AVG_SQ}", e.name)]));
     let (tensors, missing) = read_tensors(&resume.folder, &resume.manifest, &names).map_err(|e| e.to_string())?;

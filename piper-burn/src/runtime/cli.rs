@@ -116,6 +116,11 @@ pub struct RunArgs {
     /// Keep the K newest checkpoints under --checkpoint-dir.
     #[arg(long, default_value_t = 2, value_name = "K")]
     pub keep: usize,
+    /// Start from a Hugging Face model folder (config.json and model.safetensors or a sharded
+    /// model.safetensors.index.json; F32, BF16 or F16 weights): the model is the folder's config.json, its
+    /// weights the folder's, and the run fine-tunes it.
+    #[arg(long, value_name = "DIR")]
+    pub init_hf: Option<PathBuf>,
     /// Resume from a checkpoint folder, or from the latest one under a --checkpoint-dir; `--steps` stays
     /// the run's total (a run saved at step 10 and resumed with --steps 20 trains steps 10..19). Any
     /// layout may resume any checkpoint.
@@ -137,6 +142,7 @@ pub struct ResolvedRun {
     pub plan: RunPlan,
     pub checkpoint: CheckpointSettings,
     pub resume: Option<Resume>,
+    pub init_hf: Option<PathBuf>,
 }
 
 impl RunArgs {
@@ -148,8 +154,23 @@ impl RunArgs {
             Some("auto") | None => None,
             Some(path) => Some(RunPlan::load(path.as_ref()).map_err(|e| format!("--plan {e}"))?),
         };
-        let preset =
-            self.preset.clone().or_else(|| file.as_ref().map(|p| p.model.clone())).unwrap_or_else(|| "tiny".into());
+        let init_model = match (&self.init_hf, &self.preset) {
+            (Some(_), Some(p)) => {
+                return Err(format!("--init-hf takes the model from its folder's config.json; drop --preset {p}"));
+            }
+            (Some(dir), None) => {
+                let config = dir.join("config.json");
+                if !config.is_file() {
+                    return Err(format!("--init-hf {}: no config.json in it", dir.display()));
+                }
+                Some(config.display().to_string())
+            }
+            (None, _) => None,
+        };
+        let preset = init_model
+            .or_else(|| self.preset.clone())
+            .or_else(|| file.as_ref().map(|p| p.model.clone()))
+            .unwrap_or_else(|| "tiny".into());
         let spec = resolve_model(&preset).map_err(|e| e.to_string())?;
         let config = RunConfig::new()
             .with_steps(self.steps)
@@ -204,7 +225,7 @@ impl RunArgs {
         };
         checkpoint.validate()?;
         let resume = self.resume.as_deref().map(open_resume).transpose()?;
-        Ok(ResolvedRun { spec, platform, config, plan, checkpoint, resume })
+        Ok(ResolvedRun { spec, platform, config, plan, checkpoint, resume, init_hf: self.init_hf.clone() })
     }
 
     /// Where the per-step output goes; a resumed run's metrics continue at `first_step`.

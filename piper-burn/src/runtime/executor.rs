@@ -52,6 +52,8 @@ pub struct Job<'a> {
     /// Where and when to save checkpoints, and the checkpoint to resume from (`--resume`).
     pub checkpoint: &'a CheckpointSettings,
     pub resume: Option<&'a Resume>,
+    /// A Hugging Face model folder whose weights the run starts from (`--init-hf`).
+    pub init_hf: Option<&'a std::path::Path>,
 }
 
 /// What a run leaves: this rank's part of the model, the metrics of every step, each rank's peak RSS.
@@ -99,6 +101,9 @@ fn check_job(job: &Job, corpus: &dyn Corpus) -> Result<(), String> {
         ));
     }
     job.checkpoint.validate()?;
+    if job.resume.is_some() && job.init_hf.is_some() {
+        return Err("--init-hf and --resume both give the weights; pass one".into());
+    }
     if let Some(r) = job.resume {
         let config = serde_json::to_string(job.model).map_err(|e| e.to_string())?;
         r.manifest.check_model(&r.folder, job.spec, &config).map_err(|e| format!("--resume {e}"))?;
@@ -134,6 +139,7 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
             ("data", corpus.describe()),
             ("checkpoints", format!("{:?}", job.checkpoint)),
             ("resume", format!("{:?}", job.resume.map(|r| (&r.folder, r.manifest.step)))),
+            ("init-hf", format!("{:?}", job.init_hf)),
         ],
     )?;
 
@@ -250,6 +256,9 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
     let mut start_step = 0;
     let resume_started = Instant::now();
     let mut resume_seconds = None;
+    if let Some(dir) = job.init_hf {
+        model = checkpoint::init_from_hf(model, &share, &placements, dir)?;
+    }
     if let Some(r) = job.resume {
         model = checkpoint::restore(model, &mut optim, &share, &placements, r)?;
         corpus.restore_position(&r.manifest.data).map_err(|e| format!("--resume {}: {e}", r.folder.display()))?;

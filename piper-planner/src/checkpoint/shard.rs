@@ -33,8 +33,16 @@ impl<'a> Source<'a> {
 }
 /// Tensors by name: shape and values.
 pub type TensorMap = HashMap<String, (Vec<usize>, Vec<f32>)>;
-/// A shard's header: tensor name → (shape, byte range in the data section).
-type Index = HashMap<String, (Vec<usize>, [u64; 2])>;
+/// One tensor in a safetensors header: dtype (`F32`, `BF16`, ...), shape, byte range in the data section.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Located {
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    pub range: [u64; 2],
+}
+
+/// A safetensors header: tensor name → where it is.
+pub type Index = HashMap<String, Located>;
 
 /// Hex SHA-256 of some bytes.
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -97,9 +105,9 @@ fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The safetensors header of an open shard: name → (shape, byte range within the data section), and
-/// where the data section starts.
-fn header(file: &mut std::fs::File, show: &str) -> Result<(Index, u64)> {
+/// The safetensors header of an open file, and where its data section starts; `show` names the file in
+/// errors.
+pub fn header(file: &mut std::fs::File, show: &str) -> Result<(Index, u64)> {
     let bad = |why: String| Error::file(show, why);
     let mut len = [0u8; 8];
     file.read_exact(&mut len).map_err(|e| bad(format!("cannot read the safetensors header: {e}")))?;
@@ -116,8 +124,8 @@ fn header(file: &mut std::fs::File, show: &str) -> Result<(Index, u64)> {
         if name == "__metadata__" {
             continue;
         }
-        let parse = || -> Option<(Vec<usize>, [u64; 2])> {
-            (v.get("dtype")?.as_str()? == "F32").then_some(())?;
+        let parse = || -> Option<Located> {
+            let dtype = v.get("dtype")?.as_str()?.to_string();
             let shape = v
                 .get("shape")?
                 .as_array()?
@@ -125,7 +133,8 @@ fn header(file: &mut std::fs::File, show: &str) -> Result<(Index, u64)> {
                 .map(|d| d.as_u64().map(|d| d as usize))
                 .collect::<Option<Vec<_>>>()?;
             let off = v.get("data_offsets")?.as_array()?;
-            Some((shape, [off.first()?.as_u64()?, off.get(1)?.as_u64()?]))
+            let range = [off.first()?.as_u64()?, off.get(1)?.as_u64()?];
+            (range[0] <= range[1]).then_some(Located { dtype, shape, range })
         };
         let entry = parse().ok_or_else(|| bad(format!("corrupted safetensors header entry `{name}`")))?;
         out.insert(name, entry);
@@ -152,11 +161,11 @@ pub fn read_tensors(folder: &Path, manifest: &Manifest, names: &[String]) -> Res
         let mut f = std::fs::File::open(&path).map_err(|e| Error::file(&show, format!("missing shard ({e})")))?;
         let (index, data_start) = header(&mut f, &show)?;
         for (name, entry) in wanted {
-            let (shape, [a, b]) = index.get(name).ok_or_else(|| {
+            let Located { dtype, shape, range: [a, b] } = index.get(name).ok_or_else(|| {
                 Error::file(&show, format!("holds no tensor `{name}` although the manifest lists it"))
             })?;
             let want_shape: Vec<usize> = entry.shape.iter().map(|d| *d as usize).collect();
-            if *shape != want_shape || b < a || (b - a) != 4 * shape.iter().product::<usize>() as u64 {
+            if dtype != "F32" || *shape != want_shape || (b - a) != 4 * shape.iter().product::<usize>() as u64 {
                 return Err(Error::file(
                     &show,
                     format!("tensor `{name}` has shape {shape:?}, the manifest says {want_shape:?}"),
