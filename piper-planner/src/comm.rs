@@ -11,6 +11,8 @@
 //!   rank's affine NIC, and phase III, the intra-node redistribution of what phase II brought; phase III
 //!   of each remote node's data starts as soon as it arrives, so II and III overlap except for one chunk.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::platform::{Level, Platform};
@@ -67,14 +69,6 @@ struct NodeView {
 
 const NET_LEVELS: [Level; 3] = [Level::Switch, Level::Group, Level::System];
 
-fn level_index(level: Level) -> usize {
-    match level {
-        Level::Switch => 0,
-        Level::Group => 1,
-        _ => 2,
-    }
-}
-
 impl GroupShape {
     /// Ranks `first, first + stride, …` (`size` of them).
     pub fn new(platform: &Platform, first: u64, size: u64, stride: u64) -> Self {
@@ -87,24 +81,40 @@ impl GroupShape {
                 _ => members.push((r / g, vec![r % g])),
             }
         }
+        // Member nodes and ranks per switch and per group, so each node's remote counts by level are
+        // differences of totals: linear in the nodes (a pairwise scan took minutes at 10⁵ nodes).
+        let t = &platform.topology;
+        let switch_of = |n: u64| n / t.nodes_per_switch;
+        let group_of = |n: u64| n / (t.nodes_per_switch * t.switches_per_group);
+        let mut per_switch: HashMap<u64, (u64, u64)> = HashMap::new();
+        let mut per_group: HashMap<u64, (u64, u64)> = HashMap::new();
+        let (mut all_nodes, mut all_ranks) = (0u64, 0u64);
+        for (n, locals) in &members {
+            let r = locals.len() as u64;
+            for (map, key) in [(&mut per_switch, switch_of(*n)), (&mut per_group, group_of(*n))] {
+                let e = map.entry(key).or_default();
+                e.0 += 1;
+                e.1 += r;
+            }
+            all_nodes += 1;
+            all_ranks += r;
+        }
         let nodes = members
             .iter()
             .map(|(n, locals)| {
-                let mut remote_ranks = [0; 3];
-                let mut remote_nodes = [0; 3];
-                for (m, their) in members.iter().filter(|(m, _)| m != n) {
-                    let li = level_index(platform.level(n * g, m * g));
-                    remote_nodes[li] += 1;
-                    remote_ranks[li] += their.len() as u64;
-                }
-                let mut nics: Vec<u64> = locals.iter().map(|l| platform.topology.gpu_to_nic[*l as usize]).collect();
+                let mine = locals.len() as u64;
+                let sw = per_switch[&switch_of(*n)];
+                let gr = per_group[&group_of(*n)];
+                let remote_nodes = [sw.0 - 1, gr.0 - sw.0, all_nodes - gr.0];
+                let remote_ranks = [sw.1 - mine, gr.1 - sw.1, all_ranks - gr.1];
+                let mut nics: Vec<u64> = locals.iter().map(|l| t.gpu_to_nic[*l as usize]).collect();
                 nics.sort_unstable();
                 nics.dedup();
                 NodeView {
                     locals: locals.clone(),
                     remote_ranks,
                     remote_nodes,
-                    nic_fraction: nics.len() as f64 / platform.topology.nics_per_node as f64,
+                    nic_fraction: nics.len() as f64 / t.nics_per_node as f64,
                 }
             })
             .collect();
@@ -228,6 +238,47 @@ pub fn all_reduce_s(platform: &Platform, shape: &GroupShape, members: u64, bytes
 mod tests {
     use super::*;
     use crate::platform::preset;
+
+    fn level_index(level: Level) -> usize {
+        match level {
+            Level::Switch => 0,
+            Level::Group => 1,
+            _ => 2,
+        }
+    }
+
+    /// The linear count of remote nodes and ranks by level equals the pairwise scan over member nodes
+    /// (the independent reference), on a small hierarchy (2 nodes per switch, 3 switches per group)
+    /// crossed by aligned, offset, strided and uneven groups.
+    #[test]
+    fn group_shapes_equal_the_pairwise_count() {
+        let mut p = preset("frontier").unwrap();
+        p.topology.nodes_per_switch = 2;
+        p.topology.switches_per_group = 3;
+        let g = p.gpus_per_node;
+        for (first, size, stride) in
+            [(0, 8, 1), (0, 64, 1), (4, 100, 1), (3, 40, 5), (8, 130, 8), (0, 7, 24), (17, 211, 3)]
+        {
+            let shape = GroupShape::new(&p, first, size, stride);
+            let ranks: Vec<u64> = (0..size).map(|i| first + i * stride).collect();
+            let mut nodes: Vec<u64> = ranks.iter().map(|r| r / g).collect();
+            nodes.dedup();
+            assert_eq!(shape.nodes.len(), nodes.len());
+            for (view, n) in shape.nodes.iter().zip(&nodes) {
+                let (mut rn, mut rr) = ([0u64; 3], [0u64; 3]);
+                for m in nodes.iter().filter(|m| *m != n) {
+                    let li = level_index(p.level(n * g, m * g));
+                    rn[li] += 1;
+                    rr[li] += ranks.iter().filter(|r| *r / g == *m).count() as u64;
+                }
+                assert_eq!(
+                    (view.remote_nodes, view.remote_ranks),
+                    (rn, rr),
+                    "group ({first}, {size}, {stride}), node {n}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn single_node_halo_equals_flat() {
