@@ -273,6 +273,12 @@ fn bad_checkpoints_are_refused_naming_the_file() {
     // `latest` names a folder that is gone: an error that lists what is there, never a silent fall-back.
     std::fs::remove_dir_all(&good).unwrap();
     refused(&dir, "tiny", &["holds no manifest.json", "step-00000002"]);
+    // Another seed (it draws the data).
+    let r = open_resume(&folder(&dir, 2)).unwrap();
+    let other = config(12).with_seed(6);
+    let err =
+        run_rank(&LocalComm::single(), "tiny", &plan("tiny", 1, 1, 1, 1, &other), &other, None, Some(&r)).unwrap_err();
+    assert!(err.contains("trained with --seed 5, this run has --seed 6"), "{err}");
     // Nothing to train.
     let r = open_resume(&folder(&dir, 2)).unwrap();
     let short = config(2);

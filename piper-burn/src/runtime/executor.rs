@@ -107,6 +107,15 @@ fn check_job(job: &Job, corpus: &dyn Corpus) -> Result<(), String> {
     if let Some(r) = job.resume {
         let config = serde_json::to_string(job.model).map_err(|e| e.to_string())?;
         r.manifest.check_model(&r.folder, job.spec, &config).map_err(|e| format!("--resume {e}"))?;
+        if r.manifest.seed != job.run.seed {
+            return Err(format!(
+                "--resume {}: the checkpoint was trained with --seed {}, this run has --seed {} (the seed draws the data); pass --seed {}",
+                r.folder.display(),
+                r.manifest.seed,
+                job.run.seed,
+                r.manifest.seed
+            ));
+        }
         if r.manifest.step as usize >= job.run.steps {
             return Err(format!(
                 "--resume {}: the checkpoint is at step {}, and --steps {} is the run's total: nothing to train (raise --steps)",
