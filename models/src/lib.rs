@@ -16,7 +16,7 @@ use piper_burn::mla::MlaConfig;
 use piper_burn::mlp::MlpConfig;
 use piper_burn::moe::MoeBlockConfig;
 use piper_burn::router::{GroupScore, RouterConfig, Scoring};
-use piper_planner::model::{Attention, LayerKind, ModelSpec, QkNorm, ScoreFunction};
+use piper_planner::model::{Attention, LayerKind, ModelSpec, Norm, QkNorm, ScoreFunction};
 
 pub use piper_planner::model::{preset, resolve_model};
 
@@ -41,6 +41,16 @@ pub fn lm_config(spec: &ModelSpec) -> Result<CausalLmConfig, Unsupported> {
     let unsupported =
         |field: &str, why: &str| Unsupported { model: spec.name.clone(), field: field.into(), why: why.into() };
     let to = |v: u64| v as usize;
+    // What the planner counts but piper-burn would build differently: refused, never approximated.
+    if spec.norm != Norm::RmsNorm {
+        return Err(unsupported("norm", "LayerNorm (DBRX) is not implemented in piper-burn yet (RMSNorm only)"));
+    }
+    if spec.model_type.starts_with("llama4") {
+        return Err(unsupported(
+            "model_type",
+            "llama4: chunked and NoPE attention layers and its sigmoid input-scaling router are not implemented in piper-burn yet",
+        ));
+    }
     let d = to(spec.hidden_size);
     let eps = spec.norm_eps.unwrap_or(1e-6);
     let (attention, mla) = match &spec.attention {
@@ -166,5 +176,14 @@ mod tests {
         assert!(err.contains("`num_nextn_predict_layers`"), "{err}");
         let err = lm_config(&preset("gpt-oss-20b").unwrap()).unwrap_err().to_string();
         assert!(err.contains("`attention_bias`"), "{err}");
+        // Built differently rather than refused before: DBRX's LayerNorm, Llama 4's attention and router.
+        let err = lm_config(&preset("dbrx").unwrap()).unwrap_err().to_string();
+        assert!(err.contains("`norm` LayerNorm (DBRX)"), "{err}");
+        for name in ["llama4-scout", "llama4-maverick"] {
+            let err = lm_config(&preset(name).unwrap()).unwrap_err().to_string();
+            assert!(err.contains("`model_type` llama4"), "{err}");
+        }
+        let err = lm_config(&preset("olmoe-1b-7b").unwrap()).unwrap_err().to_string();
+        assert!(err.contains("`qk_norm`"), "{err}");
     }
 }
