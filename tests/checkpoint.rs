@@ -172,14 +172,12 @@ fn one_process_checkpoint_resumes_on_four_ranks() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Named tensors in Hugging Face layout: (name, shape, values).
+type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
+
 /// The whole model of a run on `ranks` in-process ranks, by way of its final checkpoint exported as one
 /// Hugging Face folder and loaded back: (tensors of the export, the exported config's spec).
-fn exported(
-    ranks: usize,
-    p: &RunPlan,
-    run: &RunConfig,
-    dir: &Path,
-) -> (Vec<(String, Vec<usize>, Vec<f32>)>, ModelSpec) {
+fn exported(ranks: usize, p: &RunPlan, run: &RunConfig, dir: &Path) -> (Tensors, ModelSpec) {
     let save = dir.join("ckpt");
     losses(ranks, "tiny", p, run, Some((&save, 0)), None);
     let out = dir.join("hf");

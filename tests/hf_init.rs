@@ -1,5 +1,5 @@
 //! Starting from Hugging Face model folders: `hf_eval`'s evaluation of the transformers fixtures (config.json
-//! + model.safetensors, as `save_pretrained` writes them) reproduces transformers' cross-entropy and
+//! and model.safetensors, as `save_pretrained` writes them) reproduces transformers' cross-entropy and
 //! logits' argmax; BF16 weights in a sharded folder (`model.safetensors.index.json`) read as the rounded
 //! values; and a run with `--init-hf` starts from exactly those weights (its first loss is the
 //! folder's cross-entropy on the first batch), on one process and as PP=2×EP=2 in-process ranks.

@@ -20,11 +20,18 @@ fn require_mpirun() {
     assert!(ok, "mpirun is not installed: scripts/test-mpi.sh installs OpenMPI and runs the multi-rank tests");
 }
 
+/// The `piper-comm` binary: it exists only when built with `--features mpi` (its required feature).
+fn binary() -> &'static str {
+    match option_env!("CARGO_BIN_EXE_piper-comm") {
+        Some(bin) => bin,
+        None => panic!("the piper-comm binary is built with --features mpi: run scripts/test-mpi.sh"),
+    }
+}
+
 /// Runs `mpirun -np N piper-comm ARGS`, killing it after `limit`; returns (success, stdout + stderr).
 fn launch(np: usize, args: &[&str], limit: Duration) -> (bool, String) {
     require_mpirun();
-    // The binary exists only when built with `--features mpi` (its required feature).
-    let bin = option_env!("CARGO_BIN_EXE_piper-comm").expect("piper-comm binary: build with --features mpi");
+    let bin = binary();
     let _one_at_a_time = MPIRUN.lock().unwrap_or_else(|e| e.into_inner());
     let mut child = Command::new("mpirun")
         .args([
@@ -108,7 +115,7 @@ fn a_missing_rank_is_named_and_the_job_ends() {
     ignore = "needs MPI: run scripts/test-mpi.sh (installs OpenMPI, builds with --features mpi)"
 )]
 fn absurd_benchmark_sizes_are_refused_before_allocation() {
-    let bin = option_env!("CARGO_BIN_EXE_piper-comm").expect("piper-comm binary: build with --features mpi");
+    let bin = binary();
     for (args, want) in [
         (&["bench", "--sizes", "100GiB"][..], "more than this machine's"),
         (&["bench", "--dispatch-top-k", "2", "--dispatch-tokens", "1000000000000"][..], "exceeds this machine's"),
