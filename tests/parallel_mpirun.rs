@@ -13,26 +13,8 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{binary, example, losses, run};
+use common::{COMMON, binary, example, losses, run};
 use piper::testing::assert_close;
-
-const COMMON: &[&str] = &[
-    "--steps",
-    "20",
-    "--batch-size",
-    "8",
-    "--seq-len",
-    "31",
-    "--lr",
-    "5e-3",
-    "--warmup",
-    "4",
-    "--seed",
-    "3",
-    "--no-progress",
-    "--log-every",
-    "0",
-];
 
 /// `mpirun -np np mixtral_train COMMON args` with `env` exported to the ranks.
 fn mpirun(np: usize, env: &[(&str, &str)], args: &[&str]) -> Command {

@@ -1,31 +1,14 @@
 //! `mixtral_train`'s command line on one process, run as a user would: `--plan auto` picks a layout and
-//! reports its prediction error; every class of bad run configuration (checkpoint flags included) gets one `error:` line naming the
-//! flag, exit code 2, and no work; layouts that need more ranks than the job has are refused.
+//! reports its prediction error; every class of bad run configuration (checkpoint flags included) gets
+//! one `error:` line naming the flag, exit code 2, and no work; layouts that need more ranks than the job
+//! has are refused; a save killed midway leaves the previous checkpoint.
 
 mod common;
 
 use std::process::Command;
 use std::time::Duration;
 
-use common::{example, run};
-
-const COMMON: &[&str] = &[
-    "--steps",
-    "20",
-    "--batch-size",
-    "8",
-    "--seq-len",
-    "31",
-    "--lr",
-    "5e-3",
-    "--warmup",
-    "4",
-    "--seed",
-    "3",
-    "--no-progress",
-    "--log-every",
-    "0",
-];
+use common::{COMMON, example, run};
 
 #[test]
 fn plan_auto_picks_a_layout_and_reports_its_prediction_error() {

@@ -10,6 +10,26 @@ use std::time::{Duration, Instant};
 /// One child process at a time: the tests share 2 cores, and concurrent `mpirun`s oversubscribe them.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// `mixtral_train` flags of the runs the command-line and multi-rank tests compare: 20 steps of the tiny
+/// model on a short batch, quietly.
+pub const COMMON: &[&str] = &[
+    "--steps",
+    "20",
+    "--batch-size",
+    "8",
+    "--seq-len",
+    "31",
+    "--lr",
+    "5e-3",
+    "--warmup",
+    "4",
+    "--seed",
+    "3",
+    "--no-progress",
+    "--log-every",
+    "0",
+];
+
 /// A binary of the workspace, under target/<profile>/ (`sub` = "examples" for an example, "" for a bin).
 pub fn binary(sub: &str, name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");

@@ -18,8 +18,9 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<String> {
     let mut out = String::new();
-    let Resolved { spec, platform, layout, cfg, split } = a.one.resolve()?;
-    let stages = Footprint::new(&spec, &platform, &layout, &cfg)?.stages(&split);
+    let resolved = a.one.resolve()?;
+    let Resolved { spec, platform, layout, cfg, split } = &resolved;
+    let stages = Footprint::new(spec, platform, layout, cfg)?.stages(split);
     let cap = platform.gpu_memory_bytes();
     if a.json {
         let doc = json!({
@@ -31,21 +32,7 @@ pub fn run(a: Args) -> Result<String> {
         outln!(out, "{}", serde_json::to_string_pretty(&doc).expect("json"));
         return Ok(out);
     }
-    outln!(
-        out,
-        "{} on {}: PP={} EP={} DP={}, micro-batch {}×{} tokens, M={}, {}, recompute {}; GiB per GPU (capacity {})",
-        spec.name,
-        platform.name,
-        layout.pp,
-        layout.ep,
-        layout.dp,
-        cfg.micro_batch_size,
-        cfg.seq_len,
-        cfg.num_micro_batches,
-        cfg.schedule.name(),
-        cfg.recompute.name(),
-        gib(cap)
-    );
+    outln!(out, "{}; GiB per GPU (capacity {})", resolved.headline(), gib(cap));
     let mut t = table(&[
         "stage",
         "layers",

@@ -152,6 +152,26 @@ pub struct Resolved {
     pub split: StageSplit,
 }
 
+impl Resolved {
+    /// `MODEL on PLATFORM: PP=… EP=… DP=…, micro-batch B×S tokens, M=…, SCHEDULE, recompute R`.
+    pub fn headline(&self) -> String {
+        let (l, c) = (&self.layout, &self.cfg);
+        format!(
+            "{} on {}: PP={} EP={} DP={}, micro-batch {}×{} tokens, M={}, {}, recompute {}",
+            self.spec.name,
+            self.platform.name,
+            l.pp,
+            l.ep,
+            l.dp,
+            c.micro_batch_size,
+            c.seq_len,
+            c.num_micro_batches,
+            c.schedule.name(),
+            c.recompute.name()
+        )
+    }
+}
+
 impl OneLayout {
     pub fn resolve(&self) -> Result<Resolved> {
         let spec = resolve_model(&self.model)?;

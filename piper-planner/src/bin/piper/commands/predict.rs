@@ -21,8 +21,9 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<String> {
-    let Resolved { spec, platform, layout, cfg, split } = a.one.resolve()?;
-    let c = price(&spec, &platform, &layout, &cfg, a.all_to_all.into(), &split)?;
+    let resolved = a.one.resolve()?;
+    let Resolved { spec, platform, layout, cfg, split } = &resolved;
+    let c = price(spec, platform, layout, cfg, a.all_to_all.into(), split)?;
     let p = c.prediction.as_ref().expect("price() predicts");
     let b = p.breakdown(cfg.num_micro_batches);
     let stage_memory: Vec<f64> = c.stages.iter().map(|s| s.total_bytes).collect();
@@ -38,20 +39,12 @@ pub fn run(a: Args) -> Result<String> {
         return Ok(format!("{}\n", serde_json::to_string_pretty(&doc).expect("json")));
     }
     Ok(format!(
-        "{} on {}: PP={} EP={} DP={}, micro-batch {}×{} tokens, M={}, {}, {} all-to-all, split {:?}\n\
+        "{}, {} all-to-all, split {:?}\n\
          step {} ({:.0} tokens/s, {:.1} TFLOP/s per GPU, MFU {}), bubble {}, peak memory {} GiB (stage {})\n\
          critical stage {}: compute {}, all-to-all {}, p2p {}, bubble {}, gradient all-reduce {}, optimizer {}, overhead {}\n",
-        spec.name,
-        platform.name,
-        layout.pp,
-        layout.ep,
-        layout.dp,
-        cfg.micro_batch_size,
-        cfg.seq_len,
-        cfg.num_micro_batches,
-        cfg.schedule.name(),
+        resolved.headline(),
         c.all_to_all.name(),
-        split.0,
+        resolved.split.0,
         secs(c.step_time_s),
         c.tokens_per_s,
         c.tflops_per_gpu,
