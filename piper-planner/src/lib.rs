@@ -16,6 +16,7 @@ pub mod limits;
 pub mod memory;
 pub mod migration;
 pub mod model;
+pub mod paper;
 pub mod planner;
 pub mod platform;
 pub mod run_plan;

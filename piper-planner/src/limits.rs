@@ -85,6 +85,13 @@ pub fn max_or_zero(values: impl IntoIterator<Item = f64>) -> f64 {
     values.into_iter().fold(0.0, |acc: f64, v| if acc.is_nan() || v.is_nan() { f64::NAN } else { acc.max(v) })
 }
 
+/// Smallest value, NaN if any is NaN, 0 for none.
+pub fn min_or_zero(values: impl IntoIterator<Item = f64>) -> f64 {
+    let mut it = values.into_iter();
+    let Some(first) = it.next() else { return 0.0 };
+    it.fold(first, |acc: f64, v| if acc.is_nan() || v.is_nan() { f64::NAN } else { acc.min(v) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -166,10 +166,31 @@ pub fn rebalance(
     })
 }
 
+/// Bytes of an expert of `matrices` `d × f` matrices at `bytes_per_param` (Piper's convention: 3 × 16 B,
+/// "48·d·f", whatever the model's MLP).
+pub fn expert_bytes_with(d: u64, f: u64, matrices: u64, bytes_per_param: f64) -> f64 {
+    matrices as f64 * d as f64 * f as f64 * bytes_per_param
+}
+
+/// Bytes of one routed expert priced as `matrices` `d × f` matrices (Piper's Table IV prices every expert
+/// as 3, "48·d·f" at 16 B, whatever the model's MLP), or as the model's own MLP for `None`.
+pub fn expert_bytes_as(spec: &ModelSpec, matrices: Option<u64>, bytes_per_param: f64) -> Result<f64> {
+    let own = expert_bytes(spec, bytes_per_param)?;
+    let Some(m) = matrices else { return Ok(own) };
+    limits::count("migration", "--expert-matrices", m, 1, 16)?;
+    let moe = spec.moe.as_ref().expect("expert_bytes checked it is an MoE model");
+    Ok(expert_bytes_with(spec.hidden_size, moe.expert.intermediate_size, m, bytes_per_param))
+}
+
 /// Piper's worst case (Table IV): every expert of one layer changes rank, `E · expert bytes / G` per GPU.
 pub fn worst_case_bytes_per_gpu(spec: &ModelSpec, group_size: u64, bytes_per_param: f64) -> Result<f64> {
+    worst_case_bytes_per_gpu_with(spec.num_experts(), expert_bytes(spec, bytes_per_param)?, group_size)
+}
+
+/// `experts · expert_bytes / group_size`, the group size checked.
+pub fn worst_case_bytes_per_gpu_with(experts: u64, expert_bytes: f64, group_size: u64) -> Result<f64> {
     limits::count("migration", "--group-size", group_size, 1, limits::MAX_GPUS)?;
-    Ok(spec.num_experts() as f64 * expert_bytes(spec, bytes_per_param)? / group_size as f64)
+    Ok(experts as f64 * expert_bytes / group_size as f64)
 }
 
 #[cfg(test)]

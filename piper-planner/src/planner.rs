@@ -20,9 +20,10 @@ use crate::time::{CostModel, StepPrediction};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EpDomain {
-    /// Inside one node (the paper's default: all-to-all never leaves the node).
+    /// Inside one node (all-to-all never leaves the node).
     Node,
-    /// Inside one switch (Piper's locality domain: g · N_h GPUs).
+    /// Inside one switch: Piper's locality domain, EP ≤ g · N_h (the GPUs of the nodes under one switch).
+    /// The default, as in the paper.
     Switch,
     /// Anywhere.
     Any,
@@ -60,7 +61,7 @@ impl PlanRequest {
             schedules: vec![Schedule::OneFOneB, Schedule::GPipe],
             recomputes: vec![Recompute::None, Recompute::Selective, Recompute::Full],
             algos: vec![A2aAlgo::Flat, A2aAlgo::Halo],
-            ep_domain: EpDomain::Node,
+            ep_domain: EpDomain::Switch,
             pp: None,
             ep: None,
             top: 10,
@@ -399,17 +400,21 @@ mod tests {
     }
 
     #[test]
-    fn ep_beyond_the_node_needs_permission() {
+    fn ep_domain_bounds_the_expert_group() {
         let spec = preset("deepseek-v3").unwrap();
         let p = platform::preset("frontier").unwrap();
         let req = PlanRequest { ep: Some(32), pp: Some(16), ..PlanRequest::new(512, 512, 4096) };
-        let report = plan(&spec, &p, &req).unwrap();
-        assert!(report.plans.is_empty());
+        // The default is Piper's domain: the 4 nodes of one switch (g · N_h = 32 GPUs).
+        assert_eq!(req.ep_domain, EpDomain::Switch);
+        let allowed = plan(&spec, &p, &req).unwrap();
+        assert!(!allowed.plans.is_empty() && allowed.plans.iter().all(|c| c.ep == 32));
+        let node = plan(&spec, &p, &PlanRequest { ep_domain: EpDomain::Node, ..req.clone() }).unwrap();
+        assert!(node.plans.is_empty());
         assert!(
-            report.rejected[0].reason.contains("spans 4 nodes")
-                && report.rejected[0].reason.contains("--ep-domain switch")
+            node.rejected[0].reason.contains("spans 4 nodes") && node.rejected[0].reason.contains("--ep-domain switch")
         );
-        let allowed = plan(&spec, &p, &PlanRequest { ep_domain: EpDomain::Switch, ..req }).unwrap();
-        assert!(allowed.plans.iter().all(|c| c.ep == 32));
+        let wide = PlanRequest { ep: Some(64), pp: Some(8), ..req };
+        let beyond = plan(&spec, &p, &wide).unwrap();
+        assert!(beyond.plans.is_empty() && beyond.rejected[0].reason.contains("--ep-domain any"), "{beyond:?}");
     }
 }

@@ -300,3 +300,21 @@ fn predict_agrees_with_plan_and_its_parts_add_up() {
     let mem = p["stage_memory_bytes"].as_array().unwrap();
     assert_eq!(mem.len().to_string(), pp);
 }
+
+/// `piper paper --json`: one row per compared figure, each with the paper's value, the prediction and
+/// (for numbers) their ratio; the 1.7T run gets a plan with default flags.
+#[test]
+fn paper_comparison_rows() {
+    let v = json(&["paper", "--json"]);
+    let rows = v.as_array().unwrap();
+    assert!(rows.len() >= 30, "{} rows", rows.len());
+    for r in rows {
+        for key in ["section", "item", "paper", "predicted", "unit", "note"] {
+            assert!(r[key].is_string(), "{key} in {r}");
+        }
+    }
+    let largest = rows.iter().find(|r| r["section"] == "largest run").unwrap();
+    let ratio = largest["ratio"].as_f64().unwrap();
+    assert!((0.8..1.25).contains(&ratio), "{largest}");
+    assert!(largest["note"].as_str().unwrap().contains("PP="));
+}

@@ -1,11 +1,12 @@
 //! Piper's Table IV: worst-case full reassignment of one layer's experts, 8 GPUs per group, 50 GB/s.
 //!
 //! Piper's rows are 48·E·d·f / 8 bytes (3 matrices × 16 B per parameter). The table mixes units: most
-//! sizes are in GiB, Switch-Base's in decimal GB, and each latency is that size figure / 50. GLaM's
-//! 102.88 matches neither unit (96.0 GiB = 103.08 GB by the formula) and is left out. Switch-Base has
-//! non-gated experts with d_ff 3072 (2 matrices), which gives the same bytes as Piper's 3 × 2048.
+//! sizes are in GiB, Switch-Base's and GLaM's in decimal GB, and each latency is that size figure / 50.
+//! GLaM's real experts have 2 matrices (that is what makes it 1.2T); Table IV prices them as Piper's 3
+//! (`--expert-matrices 3`): 103.08 GB, 0.19% above the printed 102.88. Switch-Base has non-gated experts
+//! with d_ff 3072 (2 matrices), which gives the same bytes as Piper's 3 × 2048.
 
-use piper_planner::migration::worst_case_bytes_per_gpu;
+use piper_planner::migration::{expert_bytes_as, worst_case_bytes_per_gpu, worst_case_bytes_per_gpu_with};
 use piper_planner::model::preset;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -34,4 +35,16 @@ fn reproduces_table_iv() {
             in_unit / 50.0 * 1e3
         );
     }
+}
+
+#[test]
+fn glam_row_with_pipers_three_matrix_experts() {
+    let spec = preset("glam-1.2t").unwrap();
+    let own = worst_case_bytes_per_gpu(&spec, 8, 16.0).unwrap();
+    assert_eq!(own, 64.0 * GIB, "GLaM's own 2-matrix experts");
+    let piper = worst_case_bytes_per_gpu_with(64, expert_bytes_as(&spec, Some(3), 16.0).unwrap(), 8).unwrap();
+    assert_eq!(piper, 48.0 * 64.0 * 8192.0 * 32768.0 / 8.0);
+    let gb = piper / 1e9;
+    assert!((gb / 102.88 - 1.0).abs() < 0.0025, "{gb} GB vs the printed 102.88");
+    assert!((gb / 50.0 * 1e3 / 2057.6 - 1.0).abs() < 0.0025);
 }

@@ -81,8 +81,15 @@ pub struct Topology {
     /// Between groups.
     pub system: Link,
     /// Message size at which a network link reaches half its bandwidth (bytes): achieved bandwidth is
-    /// `bw · size / (size + half_bandwidth_bytes)`.
+    /// `bw · size / (size + half_bandwidth_bytes)`, i.e. each message costs its node
+    /// `half_bandwidth_bytes / bw` of NIC time on top of its bytes (messages in flight at once share it).
     pub half_bandwidth_bytes: f64,
+    /// Distinct peers one NIC serves at which that per-message cost doubles: connection state, proxy
+    /// work and flow congestion grow with the peers an all-to-all talks to (the reason a flat
+    /// all-to-all degrades with node count). Cost factor `1 + peers / message_cost_peers`; absent: no
+    /// growth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_cost_peers: Option<f64>,
 }
 
 /// Where two ranks' traffic travels.
@@ -169,9 +176,17 @@ impl Platform {
         self.topology.nics_per_node as f64 * self.topology.nic_gbs
     }
 
-    /// Fraction of link bandwidth a message of `bytes` achieves.
+    /// Fraction of link bandwidth a message of `bytes` achieves (one peer).
     pub fn message_efficiency(&self, bytes: f64) -> f64 {
-        if bytes <= 0.0 { 1.0 } else { bytes / (bytes + self.topology.half_bandwidth_bytes) }
+        self.message_efficiency_among(bytes, 1.0)
+    }
+
+    /// Fraction of link bandwidth messages of `bytes` achieve when each NIC serves `peers` distinct
+    /// peers (see `Topology::message_cost_peers`).
+    pub fn message_efficiency_among(&self, bytes: f64, peers: f64) -> f64 {
+        let t = &self.topology;
+        let growth = t.message_cost_peers.map_or(1.0, |p| 1.0 + peers.max(0.0) / p);
+        if bytes <= 0.0 { 1.0 } else { bytes / (bytes + t.half_bandwidth_bytes * growth) }
     }
 
     /// Nodes in the fast local domain (one switch).
@@ -209,6 +224,9 @@ impl Platform {
         ];
         for (field, v, hi) in costs {
             limits::number(&src, field, v, 0.0, hi)?;
+        }
+        if let Some(p) = t.message_cost_peers {
+            limits::number(&src, "topology.message_cost_peers", p, 1.0, 1e9)?;
         }
         limits::number(&src, "framework_overhead_gib", self.framework_overhead_gib, 0.0, 1e6)?;
         if self.framework_overhead_gib >= self.gpu_memory_gib {

@@ -237,6 +237,7 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
             nodes_per_switch: nodes.len().max(1) as u64,
             switches_per_group: 1,
             half_bandwidth_bytes: net_lat * net_bw,
+            message_cost_peers: None,
             switch: link,
             group: link,
             system: link,

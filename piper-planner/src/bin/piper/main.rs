@@ -35,6 +35,9 @@ enum Command {
     Migrate(commands::migrate::Args),
     /// Checkpoints written by the runtime: export one as a Hugging Face model folder.
     Checkpoint(commands::checkpoint::Args),
+    /// The planner against the paper's reported figures: paper value, prediction and ratio for each row
+    /// (the 1.7T run, weak scaling, X-MoE comparison, single-layer table, recomputation, HALO, Table IV).
+    Paper(commands::paper::Args),
 }
 
 fn main() {
@@ -58,6 +61,7 @@ fn main() {
         Command::Predict(a) => commands::predict::run(a),
         Command::Migrate(a) => commands::migrate::run(a),
         Command::Checkpoint(a) => commands::checkpoint::run(a),
+        Command::Paper(a) => commands::paper::run(a),
     };
     match result {
         Ok(text) => {

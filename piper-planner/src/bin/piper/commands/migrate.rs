@@ -1,6 +1,6 @@
 //! `piper migrate`.
 
-use piper_planner::migration::{expert_bytes, rebalance, worst_case_bytes_per_gpu};
+use piper_planner::migration::{expert_bytes, expert_bytes_as, rebalance, worst_case_bytes_per_gpu_with};
 use piper_planner::model::resolve_model;
 use piper_planner::{Error, Result};
 use serde::Deserialize;
@@ -39,6 +39,10 @@ pub struct Args {
     /// Bytes moved per expert parameter: weight + gradient + optimizer states (Piper: 16).
     #[arg(long, default_value_t = 16.0)]
     bytes_per_param: f64,
+    /// Price each expert as this many d × f matrices instead of the model's own MLP (Piper's Table IV
+    /// prices every expert as 3, "48·d·f"; GLaM's real experts have 2).
+    #[arg(long)]
+    expert_matrices: Option<u64>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -63,22 +67,27 @@ pub fn run(a: Args) -> Result<String> {
             Error::missing("migrate --worst-case", "--model", Some("the model whose experts move".into()))
         })?;
         let spec = resolve_model(name)?;
-        let bytes = worst_case_bytes_per_gpu(&spec, a.group_size, a.bytes_per_param)?;
+        let per_expert = expert_bytes_as(&spec, a.expert_matrices, a.bytes_per_param)?;
+        let bytes = worst_case_bytes_per_gpu_with(spec.num_experts(), per_expert, a.group_size)?;
         let time_s = bytes / (a.link_gbps * 1e9);
+        let gib = bytes / (1u64 << 30) as f64;
+        // Table IV divides its printed size by the link's GB/s: GiB ÷ GB/s for most rows.
+        let table_iv_time_s = gib / a.link_gbps;
         if a.json {
-            outln!(out, "{}", serde_json::to_string_pretty(&json!({"model": spec.name, "group_size": a.group_size, "link_gbps": a.link_gbps, "bytes_per_gpu": bytes, "gib_per_gpu": bytes / (1u64 << 30) as f64, "time_s": time_s})).expect("json"));
+            outln!(out, "{}", serde_json::to_string_pretty(&json!({"model": spec.name, "group_size": a.group_size, "link_gbps": a.link_gbps, "expert_bytes": per_expert, "bytes_per_gpu": bytes, "gib_per_gpu": gib, "gb_per_gpu": bytes / 1e9, "time_s": time_s, "table_iv_time_s": table_iv_time_s})).expect("json"));
         } else {
             outln!(
                 out,
-                "{}: all {} experts of one layer change rank in a group of {} GPUs: {} bytes ({:.2} GiB, {:.2} GB) per GPU, {} at {} GB/s",
+                "{}: all {} experts of one layer change rank in a group of {} GPUs: {} bytes ({:.3} GiB, {:.3} GB) per GPU, {} at {} GB/s ({} in Table IV's units, GiB ÷ GB/s)",
                 spec.name,
                 spec.num_experts(),
                 a.group_size,
                 count(bytes),
-                bytes / (1u64 << 30) as f64,
+                gib,
                 bytes / 1e9,
                 secs(time_s),
-                a.link_gbps
+                a.link_gbps,
+                secs(table_iv_time_s)
             );
         }
         return Ok(out);

@@ -4,6 +4,7 @@ pub mod checkpoint;
 pub mod memory;
 pub mod migrate;
 pub mod model;
+pub mod paper;
 pub mod plan;
 pub mod predict;
 

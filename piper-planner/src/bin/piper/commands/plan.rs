@@ -45,8 +45,9 @@ pub struct Args {
     /// All-to-all algorithms to try.
     #[arg(long = "all-to-all", value_enum, value_delimiter = ',', default_value = "flat,halo")]
     all_to_all: Vec<AlgoArg>,
-    /// How far an expert group may reach: node (default), switch (Piper's locality domain), any.
-    #[arg(long, value_enum, default_value_t = DomainArg::Node)]
+    /// How far an expert group may reach: node, switch (Piper's locality domain, EP ≤ g · N_h: the GPUs
+    /// of the nodes under one switch), any.
+    #[arg(long, value_enum, default_value_t = DomainArg::Switch)]
     ep_domain: DomainArg,
     /// Fix the pipeline degree.
     #[arg(long)]
