@@ -1,8 +1,10 @@
 //! Starting from Hugging Face model folders: `hf_eval`'s evaluation of the transformers fixtures (config.json
-//! and model.safetensors, as `save_pretrained` writes them) reproduces transformers' cross-entropy and
-//! logits' argmax; BF16 weights in a sharded folder (`model.safetensors.index.json`) read as the rounded
-//! values; and a run with `--init-hf` starts from exactly those weights (its first loss is the
-//! folder's cross-entropy on the first batch), on one process and as PP=2×EP=2 in-process ranks.
+//! and model.safetensors, as `save_pretrained` writes them, from transformers 4.57.1 and 5.24.0)
+//! reproduces transformers' cross-entropy and logits' argmax; BF16 weights in a sharded folder
+//! (`model.safetensors.index.json`) read as the rounded values; a run with `--init-hf` starts from
+//! exactly those weights (its first loss is the folder's cross-entropy on the first batch), on one process
+//! and as PP=2×EP=2 in-process ranks; and a DeepSeek-V3 folder with an MTP module trains only with
+//! `--mtp-loss-weight 0`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -22,18 +24,24 @@ use piper::planner::model::resolve_model;
 use safetensors::SafeTensors;
 use safetensors::tensor::{Dtype, TensorView};
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+mod common;
+
+/// Fixture folder of a transformers version: "" (4.57.1) or "transformers5" (5.24.0).
+fn fixtures(version: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(version)
 }
+
+const V4: &str = "";
+const V5: &str = "transformers5";
 
 /// A model folder as transformers writes it from the fixture `name`: config.json and the weights (times
 /// `scale`), f32 in one model.safetensors, or BF16 in two shards with an index.
-fn folder(name: &str, bf16: bool, test: &str, scale: f32) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("piper-hf-{test}-{name}-{bf16}-{}", std::process::id()));
+fn folder(version: &str, name: &str, bf16: bool, test: &str, scale: f32) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("piper-hf-{test}-{version}{name}-{bf16}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(fixtures().join(format!("hf_{name}_config.json")), dir.join("config.json")).unwrap();
-    let bytes = std::fs::read(fixtures().join(format!("hf_{name}.safetensors"))).unwrap();
+    std::fs::copy(fixtures(version).join(format!("hf_{name}_config.json")), dir.join("config.json")).unwrap();
+    let bytes = std::fs::read(fixtures(version).join(format!("hf_{name}.safetensors"))).unwrap();
     let mut weights: Vec<(String, Vec<usize>, Vec<f32>)> = read_f32(&bytes, "weight.")
         .unwrap()
         .into_iter()
@@ -77,8 +85,8 @@ fn bf16_bits(x: f32) -> u16 {
 }
 
 /// The fixture's input ids, transformers' cross-entropy and its logits' argmax per position.
-fn reference(name: &str) -> (Vec<Vec<i64>>, f64, Vec<Vec<usize>>) {
-    let bytes = std::fs::read(fixtures().join(format!("hf_{name}.safetensors"))).unwrap();
+fn reference(version: &str, name: &str) -> (Vec<Vec<i64>>, f64, Vec<Vec<usize>>) {
+    let bytes = std::fs::read(fixtures(version).join(format!("hf_{name}.safetensors"))).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let view = st.tensor("input_ids").unwrap();
     let s = view.shape()[1];
@@ -98,10 +106,13 @@ fn reference(name: &str) -> (Vec<Vec<i64>>, f64, Vec<Vec<usize>>) {
 
 #[test]
 fn hf_eval_reproduces_transformers_on_its_own_folders() {
-    for name in ["mixtral", "qwen3_moe", "deepseek_v3"] {
-        let dir = folder(name, false, "eval", 1.0);
-        let (ids, ce, argmax) = reference(name);
+    let v4 = ["mixtral", "qwen3_moe", "deepseek_v3"].map(|n| (V4, n));
+    let v5 = ["mixtral", "qwen3_moe", "deepseek_v3", "deepseek_v2", "qwen2_moe", "olmoe"].map(|n| (V5, n));
+    for (version, name) in v4.into_iter().chain(v5) {
+        let dir = folder(version, name, false, "eval", 1.0);
+        let (ids, ce, argmax) = reference(version, name);
         let e = evaluate(&dir, &ids).unwrap();
+        let name = format!("{name} (transformers {})", if version.is_empty() { "4" } else { "5" });
         // transformers computes logits for every position; the fixture's logits come from the same ids.
         assert_eq!(e.logits_shape[..2], [ids.len(), ids[0].len()]);
         assert_eq!(e.argmax, argmax, "{name}: argmax of the logits");
@@ -112,9 +123,37 @@ fn hf_eval_reproduces_transformers_on_its_own_folders() {
     }
 }
 
+/// transformers 5 writes `num_nextn_predict_layers: 1` into every DeepSeek-V3 config. `mixtral_train
+/// --init-hf` refuses it naming the field and the flag, and trains without the MTP module with
+/// `--mtp-loss-weight 0`; a weight for a model without MTP is refused too.
+#[test]
+fn deepseek_v3_with_mtp_trains_only_with_an_explicit_zero_weight() {
+    let dir = folder(V5, "deepseek_v3", false, "mtp", 1.0);
+    let d = dir.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut cmd = std::process::Command::new(common::example());
+        cmd.args(["--init-hf", d, "--steps", "2", "--batch-size", "2", "--seq-len", "11", "--no-progress"]).args(extra);
+        common::run(cmd, std::time::Duration::from_secs(120))
+    };
+    let (ok, out) = run(&[]);
+    assert!(!ok && out.contains("`num_nextn_predict_layers`") && out.contains("--mtp-loss-weight 0"), "{out}");
+    assert_eq!(out.lines().filter(|l| l.starts_with("error")).count(), 1, "{out}");
+    let (ok, out) = run(&["--mtp-loss-weight", "0.3"]);
+    assert!(!ok && out.contains("`num_nextn_predict_layers`"), "{out}");
+    let (ok, out) = run(&["--mtp-loss-weight", "0"]);
+    assert!(ok, "{out}");
+    let mixtral = folder(V5, "mixtral", false, "mtp", 1.0);
+    let mut cmd = std::process::Command::new(common::example());
+    cmd.args(["--init-hf", mixtral.to_str().unwrap(), "--steps", "1", "--mtp-loss-weight", "0.1", "--no-progress"]);
+    let (ok, out) = common::run(cmd, std::time::Duration::from_secs(60));
+    assert!(!ok && out.contains("--mtp-loss-weight") && out.contains("no multi-token-prediction module"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&mixtral).unwrap();
+}
+
 #[test]
 fn bf16_sharded_folders_read_as_their_rounded_values() {
-    let (f32_dir, bf16_dir) = (folder("mixtral", false, "bf16", 1.0), folder("mixtral", true, "bf16", 1.0));
+    let (f32_dir, bf16_dir) = (folder(V4, "mixtral", false, "bf16", 1.0), folder(V4, "mixtral", true, "bf16", 1.0));
     let names = vec!["model.embed_tokens.weight".to_string(), "lm_head.weight".to_string(), "nope".to_string()];
     let (exact, _) = read_hf_tensors(&f32_dir, &names).unwrap();
     let (rounded, missing) = read_hf_tensors(&bf16_dir, &names).unwrap();
@@ -124,7 +163,7 @@ fn bf16_sharded_folders_read_as_their_rounded_values() {
         assert_eq!(rounded[n].1, want, "{n}");
         assert_ne!(rounded[n].1, exact[n].1, "{n}: the values were rounded");
     }
-    let (ids, ce, _) = reference("mixtral");
+    let (ids, ce, _) = reference(V4, "mixtral");
     let e = evaluate(&bf16_dir, &ids).unwrap();
     assert!((e.cross_entropy - ce).abs() / ce < 1e-2, "bf16 weights: {} vs {ce}", e.cross_entropy);
     std::fs::remove_dir_all(&f32_dir).unwrap();
@@ -165,7 +204,7 @@ fn first_loss(dir: &Path, flags: LayoutFlags) -> f64 {
 #[test]
 fn init_hf_starts_from_the_folders_weights_on_any_layout() {
     // Weights × 4: far from a fresh random model, whose loss is ≈ ln(vocab) like the fixture's.
-    let dir = folder("mixtral", false, "init", 4.0);
+    let dir = folder(V5, "mixtral", false, "init", 4.0);
     // The first batch the run draws, evaluated on the folder's weights.
     let batch = Grammar::new(16, 3, 9).batch(4, 16);
     let ids: Vec<Vec<i64>> = batch.chunks(16).map(|c| c.to_vec()).collect();

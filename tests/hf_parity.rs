@@ -1,8 +1,10 @@
-//! Numerical parity with Hugging Face transformers: tiny random Mixtral, Qwen3-MoE and DeepSeek-V3 models built by
-//! `tests/fixtures/make_hf_fixtures.py` (torch + transformers, run once by hand; the fixtures are
-//! committed). Their config.json goes through the planner's loader, their safetensors weights through
-//! Piper's Hugging Face loader; logits, router logits, the load-balancing loss, the cross-entropy and
-//! its gradients must match to 1e-4 (f32).
+//! Numerical parity with Hugging Face transformers: tiny random Mixtral, Qwen3-MoE, DeepSeek-V3 and
+//! DeepSeek-V2 models built by `tests/fixtures/make_hf_fixtures.py` (torch + transformers, run once by
+//! hand; the fixtures are committed): transformers 4.57.1 in `tests/fixtures/`, transformers 5.24.0 (its
+//! own config.json spellings and `save_pretrained` output) in `tests/fixtures/transformers5/`. Their
+//! config.json goes through the planner's loader, their safetensors weights through Piper's Hugging
+//! Face loader; logits, router logits, the load-balancing loss, the cross-entropy and its gradients must
+//! match to 1e-4 (f32).
 
 use burn::prelude::*;
 use piper::models::hf_weights::{load_hf, read_f32, save_hf};
@@ -14,8 +16,8 @@ use safetensors::SafeTensors;
 
 const TOL: f32 = 1e-4;
 
-fn fixture(name: &str) -> (String, Vec<u8>) {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+fn fixture(version: &str, name: &str) -> (String, Vec<u8>) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(version);
     let config = std::fs::read_to_string(dir.join(format!("hf_{name}_config.json"))).expect("fixture config");
     let bytes = std::fs::read(dir.join(format!("hf_{name}.safetensors"))).expect("fixture weights");
     (config, bytes)
@@ -34,6 +36,8 @@ fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 
 /// Which tensors a family names how.
 struct Family {
+    /// Fixture folder under tests/fixtures: "" (transformers 4) or "transformers5".
+    version: &'static str,
     name: &'static str,
     experts: [&'static str; 3],
     block: &'static str,
@@ -41,9 +45,11 @@ struct Family {
 }
 
 fn parity(f: Family) {
-    let Family { name, experts: expert_names, block, first_moe_layer } = f;
-    let (config, bytes) = fixture(name);
-    let spec = load_model_str(&config, &format!("hf_{name}_config.json")).unwrap();
+    let Family { version, name, experts: expert_names, block, first_moe_layer } = f;
+    let (config, bytes) = fixture(version, name);
+    let name = &format!("{name} ({})", if version.is_empty() { "transformers 4" } else { version });
+    // transformers has no MTP module (its DeepSeek-V3 ignores those weights): compare the main model.
+    let spec = load_model_str(&config, &format!("hf_{name}_config.json")).unwrap().without_mtp();
     let device = Device::flex().autodiff();
     let weights = read_f32(&bytes, "weight.").unwrap();
     let model = load_hf(lm_config(&spec).unwrap().init(&device), &spec, &weights, &device).unwrap();
@@ -76,11 +82,15 @@ fn parity(f: Family) {
         (Some(a), _) => {
             close("grad q_proj", &gt(&a.q_proj.weight), &refs["grad.model.layers.0.self_attn.q_proj.weight"].1)
         }
-        (_, Some(m)) => close(
-            "grad q_a_proj",
-            &gt(&m.q_a_proj.as_ref().unwrap().weight),
-            &refs["grad.model.layers.0.self_attn.q_a_proj.weight"].1,
-        ),
+        (_, Some(m)) => match (&m.q_a_proj, &m.q_proj) {
+            (Some(q_a), _) => {
+                close("grad q_a_proj", &gt(&q_a.weight), &refs["grad.model.layers.0.self_attn.q_a_proj.weight"].1)
+            }
+            (_, Some(q)) => {
+                close("grad q_proj", &gt(&q.weight), &refs["grad.model.layers.0.self_attn.q_proj.weight"].1)
+            }
+            _ => unreachable!(),
+        },
         _ => unreachable!(),
     }
     let o_proj = match (&model.layers[1].attention, &model.layers[1].mla) {
@@ -106,7 +116,11 @@ fn parity(f: Family) {
     }
 
     // Saving writes the same names and values back.
-    let path = std::env::temp_dir().join(format!("piper-hf-roundtrip-{name}-{}.safetensors", std::process::id()));
+    let path = std::env::temp_dir().join(format!(
+        "piper-hf-roundtrip-{}-{}.safetensors",
+        name.replace([' ', '(', ')'], ""),
+        std::process::id()
+    ));
     save_hf(&model, &spec, &path).unwrap();
     let again = read_f32(&std::fs::read(&path).unwrap(), "").unwrap();
     std::fs::remove_file(&path).unwrap();
@@ -117,29 +131,66 @@ fn parity(f: Family) {
     }
 }
 
+const MIXTRAL: Family =
+    Family { version: "", name: "mixtral", experts: ["w1", "w3", "w2"], block: "block_sparse_moe", first_moe_layer: 0 };
+const QWEN3_MOE: Family = Family {
+    version: "",
+    name: "qwen3_moe",
+    experts: ["gate_proj", "up_proj", "down_proj"],
+    block: "mlp",
+    first_moe_layer: 0,
+};
+/// MLA, a dense first layer, sigmoid router with a (random) selection bias, group-limited top-k, routed
+/// scaling 2.5, one shared expert.
+const DEEPSEEK_V3: Family = Family { name: "deepseek_v3", first_moe_layer: 1, ..QWEN3_MOE };
+/// MLA without a q LoRA, a dense first layer, softmax router with group-limited greedy top-k, routed
+/// scaling 1.5, two shared experts.
+const DEEPSEEK_V2: Family = Family { name: "deepseek_v2", first_moe_layer: 1, ..QWEN3_MOE };
+const V5: &str = "transformers5";
+
 #[test]
 fn mixtral_matches_transformers() {
-    parity(Family { name: "mixtral", experts: ["w1", "w3", "w2"], block: "block_sparse_moe", first_moe_layer: 0 });
+    parity(MIXTRAL);
 }
 
 #[test]
 fn qwen3_moe_matches_transformers() {
-    parity(Family {
-        name: "qwen3_moe",
-        experts: ["gate_proj", "up_proj", "down_proj"],
-        block: "mlp",
-        first_moe_layer: 0,
-    });
+    parity(QWEN3_MOE);
 }
 
 #[test]
 fn deepseek_v3_matches_transformers() {
-    // MLA, a dense first layer, sigmoid router with a (random) selection bias, group-limited top-k,
-    // routed scaling 2.5, one shared expert.
-    parity(Family {
-        name: "deepseek_v3",
-        experts: ["gate_proj", "up_proj", "down_proj"],
-        block: "mlp",
-        first_moe_layer: 1,
-    });
+    parity(DEEPSEEK_V3);
+}
+
+#[test]
+fn mixtral_matches_transformers_5() {
+    parity(Family { version: V5, ..MIXTRAL });
+}
+
+#[test]
+fn qwen3_moe_matches_transformers_5() {
+    parity(Family { version: V5, ..QWEN3_MOE });
+}
+
+#[test]
+fn deepseek_v3_matches_transformers_5() {
+    parity(Family { version: V5, ..DEEPSEEK_V3 });
+}
+
+#[test]
+fn deepseek_v2_matches_transformers_5() {
+    parity(Family { version: V5, ..DEEPSEEK_V2 });
+}
+
+/// q/k/v biases (random), a sigmoid-gated shared expert, no top-k renormalisation, a dense middle layer.
+#[test]
+fn qwen2_moe_matches_transformers_5() {
+    parity(Family { version: V5, name: "qwen2_moe", ..QWEN3_MOE });
+}
+
+/// q/k RMSNorm over whole projections, q/k/v clamped to ±0.5, top-8 of 16 without renormalisation.
+#[test]
+fn olmoe_matches_transformers_5() {
+    parity(Family { version: V5, name: "olmoe", ..QWEN3_MOE });
 }

@@ -27,7 +27,8 @@ pub struct Evaluation {
 /// weights, converted to f32) and evaluates it on `ids` (sequences of equal length ≥ 2). Errors name the
 /// file or the sequence.
 pub fn evaluate(dir: &Path, ids: &[Vec<i64>]) -> Result<Evaluation, String> {
-    let spec = resolve_model(&dir.join("config.json").display().to_string()).map_err(|e| e.to_string())?;
+    // transformers has no multi-token-prediction module: its logits and loss come from the main model.
+    let spec = resolve_model(&dir.join("config.json").display().to_string()).map_err(|e| e.to_string())?.without_mtp();
     let lm = lm_config(&spec).map_err(|e| e.to_string())?;
     let (b, s) = (ids.len(), ids.first().map_or(0, Vec::len));
     if b == 0 || s < 2 {

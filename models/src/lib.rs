@@ -55,21 +55,18 @@ pub fn lm_config(spec: &ModelSpec) -> Result<CausalLmConfig, Unsupported> {
     let eps = spec.norm_eps.unwrap_or(1e-6);
     let (attention, mla) = match &spec.attention {
         Attention::Gqa { num_heads, num_kv_heads, head_dim, qkv_bias, o_bias, qk_norm, sinks } => {
-            if *qkv_bias || *o_bias || *sinks {
+            if *o_bias || *sinks {
                 return Err(unsupported(
                     "attention_bias",
-                    "(q/k/v/o biases, sinks) is not implemented in piper-burn yet",
-                ));
-            }
-            if *qk_norm == QkNorm::PerProjection {
-                return Err(unsupported(
-                    "qk_norm",
-                    "over whole projections (OLMoE) is not implemented in piper-burn yet",
+                    "(an o_proj bias and attention sinks, gpt-oss) is not implemented in piper-burn yet",
                 ));
             }
             let a = AttentionConfig::new(d, to(*num_heads), to(*num_kv_heads), to(*head_dim))
                 .with_rope_theta(spec.rope_theta.unwrap_or(10000.0))
-                .with_qk_norm(*qk_norm == QkNorm::PerHead)
+                .with_qk_norm(*qk_norm != QkNorm::None)
+                .with_qk_norm_whole(*qk_norm == QkNorm::PerProjection)
+                .with_qkv_bias(*qkv_bias)
+                .with_clip_qkv(spec.clip_qkv)
                 .with_norm_eps(eps);
             (Some(a), None)
         }
@@ -183,7 +180,5 @@ mod tests {
             let err = lm_config(&preset(name).unwrap()).unwrap_err().to_string();
             assert!(err.contains("`model_type` llama4"), "{err}");
         }
-        let err = lm_config(&preset("olmoe-1b-7b").unwrap()).unwrap_err().to_string();
-        assert!(err.contains("`qk_norm`"), "{err}");
     }
 }

@@ -1,13 +1,14 @@
-//! Causal self-attention with grouped-query heads, rotary embedding and optional per-head q/k RMSNorm
-//! (Qwen3).
+//! Causal self-attention with grouped-query heads, rotary embedding, optional q/k RMSNorm per head
+//! (Qwen3) or over the whole projections (OLMoE), q/k/v biases (Qwen2-MoE) and q/k/v clamping (OLMoE's
+//! `clip_qkv`).
 //!
 //! Legend: b = batch, s = sequence, d = model width, h = query heads, g = key/value heads,
-//! k = head dim.
+//! k = head dim, q = h·k, v = g·k.
 
 use burn::nn::{Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 
-use crate::init::normal_linear;
+use crate::init::{normal_linear, normal_linear_with_bias};
 use crate::rope::{RotaryEmbedding, RotaryEmbeddingConfig};
 
 #[derive(Config, Debug)]
@@ -21,6 +22,17 @@ pub struct AttentionConfig {
     /// RMSNorm over each head's queries and keys before the rotation (Qwen3).
     #[config(default = false)]
     pub qk_norm: bool,
+    /// With `qk_norm`: one RMSNorm over the whole q (h·k wide) and k (g·k wide) projections instead of
+    /// each head's (OLMoE).
+    #[config(default = false)]
+    pub qk_norm_whole: bool,
+    /// Biases on the q, k and v projections (Qwen2-MoE).
+    #[config(default = false)]
+    pub qkv_bias: bool,
+    /// Clamp queries, keys and values to ±this after their projections (and q/k norms), as OLMoE's
+    /// `clip_qkv`.
+    #[config(default = "None")]
+    pub clip_qkv: Option<f64>,
     #[config(default = 1e-6)]
     pub norm_eps: f64,
 }
@@ -33,6 +45,9 @@ pub struct Attention {
     pub o_proj: Linear,
     pub q_norm: Option<RmsNorm>,
     pub k_norm: Option<RmsNorm>,
+    /// The norms span the whole projections (OLMoE), not each head.
+    pub qk_norm_whole: bool,
+    pub clip_qkv: Option<f64>,
     pub rope: RotaryEmbedding,
     pub num_heads: usize,
     pub num_kv_heads: usize,
@@ -49,14 +64,18 @@ impl AttentionConfig {
         );
         let q = self.num_heads * self.head_dim;
         let kv = self.num_kv_heads * self.head_dim;
-        let norm = || RmsNormConfig::new(self.head_dim).with_epsilon(self.norm_eps).init(device);
+        let norm = |width: usize| RmsNormConfig::new(width).with_epsilon(self.norm_eps).init(device);
+        let (q_norm_width, k_norm_width) = if self.qk_norm_whole { (q, kv) } else { (self.head_dim, self.head_dim) };
+        let proj = |out: usize| normal_linear_with_bias(LinearConfig::new(self.d_model, out), self.qkv_bias, device);
         Attention {
-            q_proj: normal_linear(LinearConfig::new(self.d_model, q), device),
-            k_proj: normal_linear(LinearConfig::new(self.d_model, kv), device),
-            v_proj: normal_linear(LinearConfig::new(self.d_model, kv), device),
+            q_proj: proj(q),
+            k_proj: proj(kv),
+            v_proj: proj(kv),
             o_proj: normal_linear(LinearConfig::new(q, self.d_model), device),
-            q_norm: self.qk_norm.then(norm),
-            k_norm: self.qk_norm.then(norm),
+            q_norm: self.qk_norm.then(|| norm(q_norm_width)),
+            k_norm: self.qk_norm.then(|| norm(k_norm_width)),
+            qk_norm_whole: self.qk_norm && self.qk_norm_whole,
+            clip_qkv: self.clip_qkv,
             rope: RotaryEmbeddingConfig::new(self.head_dim).with_theta(self.rope_theta).init(),
             num_heads: self.num_heads,
             num_kv_heads: self.num_kv_heads,
@@ -72,10 +91,27 @@ impl Attention {
         let [b, s, _] = x_bsd.dims();
         let (h, g, k) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, k]).swap_dims(1, 2);
-        let mut q_bhsk = heads(self.q_proj.forward(x_bsd.clone()), h);
-        let mut k_bgsk = heads(self.k_proj.forward(x_bsd.clone()), g);
-        let v_bgsk = heads(self.v_proj.forward(x_bsd), g);
-        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+        let mut q_bsq = self.q_proj.forward(x_bsd.clone());
+        let mut k_bsv = self.k_proj.forward(x_bsd.clone());
+        let mut v_bsv = self.v_proj.forward(x_bsd);
+        let per_head_norms = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) if self.qk_norm_whole => {
+                q_bsq = qn.forward(q_bsq);
+                k_bsv = kn.forward(k_bsv);
+                None
+            }
+            (Some(qn), Some(kn)) => Some((qn, kn)),
+            _ => None,
+        };
+        if let Some(c) = self.clip_qkv {
+            q_bsq = q_bsq.clamp(-c, c);
+            k_bsv = k_bsv.clamp(-c, c);
+            v_bsv = v_bsv.clamp(-c, c);
+        }
+        let mut q_bhsk = heads(q_bsq, h);
+        let mut k_bgsk = heads(k_bsv, g);
+        let v_bgsk = heads(v_bsv, g);
+        if let Some((qn, kn)) = per_head_norms {
             q_bhsk = qn.forward(q_bhsk);
             k_bgsk = kn.forward(k_bgsk);
         }

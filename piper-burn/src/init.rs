@@ -16,6 +16,16 @@ pub fn normal_linear(config: LinearConfig, device: &Device) -> Linear {
     config.with_bias(false).with_initializer(initializer()).init(device)
 }
 
+/// A linear layer with normal(0, 0.02) weights and, if `bias`, a zero bias (Hugging Face's init).
+pub fn normal_linear_with_bias(config: LinearConfig, bias: bool, device: &Device) -> Linear {
+    let d_output = config.d_output;
+    let mut linear = normal_linear(config, device);
+    if bias {
+        linear.bias = Some(Param::from_tensor(Tensor::zeros([d_output], device)));
+    }
+    linear
+}
+
 /// A parameter tensor of `shape` with normal(0, 0.02) values.
 pub fn normal_param<const D: usize>(shape: [usize; D], device: &Device) -> Param<Tensor<D>> {
     initializer().init(shape, device)

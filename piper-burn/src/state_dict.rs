@@ -94,6 +94,9 @@ pub fn entries(
                 [("q_proj", &a.q_proj), ("k_proj", &a.k_proj), ("v_proj", &a.v_proj), ("o_proj", &a.o_proj)]
             {
                 put(format!("{p}.self_attn.{proj}.weight"), lin.weight.id, true, l);
+                if let Some(bias) = &lin.bias {
+                    put(format!("{p}.self_attn.{proj}.bias"), bias.id, false, l);
+                }
             }
             if let (Some(q), Some(k)) = (&a.q_norm, &a.k_norm) {
                 put(format!("{p}.self_attn.q_norm.weight"), q.gamma.id, false, l);

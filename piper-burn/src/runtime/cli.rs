@@ -39,6 +39,10 @@ pub struct RunArgs {
     /// Weight of the load-balancing loss.
     #[arg(long, default_value_t = 0.01)]
     pub aux_loss_coef: f64,
+    /// Weight of the multi-token-prediction loss (DeepSeek-V3's `num_nextn_predict_layers`). MTP is not
+    /// implemented yet: 0 trains such a model without its MTP module, as transformers runs it.
+    #[arg(long)]
+    pub mtp_loss_weight: Option<f64>,
     /// Token counts of the load-balancing loss: summed over the ranks sharing a layer, or per rank.
     #[arg(long, value_enum, default_value_t = AuxScopeArg::Global)]
     pub aux_loss_scope: AuxScopeArg,
@@ -171,7 +175,8 @@ impl RunArgs {
             .or_else(|| self.preset.clone())
             .or_else(|| file.as_ref().map(|p| p.model.clone()))
             .unwrap_or_else(|| "tiny".into());
-        let spec = resolve_model(&preset).map_err(|e| e.to_string())?;
+        let spec =
+            resolve_model(&preset).and_then(|s| s.for_training(self.mtp_loss_weight)).map_err(|e| e.to_string())?;
         let config = RunConfig::new()
             .with_steps(self.steps)
             .with_global_batch(self.batch_size.or(file.as_ref().map(|p| p.global_batch as usize)).unwrap_or(16))

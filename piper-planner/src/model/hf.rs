@@ -185,6 +185,7 @@ pub fn from_hf_config(value: &Value, source: &str) -> Result<ModelSpec> {
             _ if model_type == "deepseek_v3" => Some(true),
             _ => None,
         },
+        clip_qkv: fields.f64_opt("clip_qkv")?.or(spec.clip_qkv),
         ..spec
     };
     spec.validate()?;
@@ -209,6 +210,7 @@ fn base(f: &Fields, attention: Attention, layers: Vec<LayerKind>) -> Result<Mode
         rope_theta: None,
         norm_eps: None,
         rope_interleave: None,
+        clip_qkv: None,
     })
 }
 
@@ -266,7 +268,8 @@ fn qwen_moe(f: &Fields) -> Result<ModelSpec> {
         moe.shared_expert_gate = true;
     }
     let attention = if qwen2 {
-        f.gqa(true, false, QkNorm::None, false)?
+        // transformers 5 writes `qkv_bias` (true by default); 4.x has no field and always has the biases.
+        f.gqa(f.bool_or("qkv_bias", true)?, false, QkNorm::None, false)?
     } else {
         f.gqa(f.bool_or("attention_bias", false)?, f.bool_or("attention_bias", false)?, QkNorm::PerHead, false)?
     };
@@ -382,6 +385,7 @@ fn dbrx(f: &Fields) -> Result<ModelSpec> {
         rope_theta: None,
         norm_eps: None,
         rope_interleave: None,
+        clip_qkv: attn.f64_opt("clip_qkv")?,
     })
 }
 

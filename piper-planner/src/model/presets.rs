@@ -237,6 +237,7 @@ fn plain(
         rope_theta: None,
         norm_eps: None,
         rope_interleave: None,
+        clip_qkv: None,
     }
 }
 
@@ -270,6 +271,7 @@ fn gated(
         rope_theta: None,
         norm_eps: None,
         rope_interleave: None,
+        clip_qkv: None,
     }
 }
 

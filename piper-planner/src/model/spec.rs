@@ -194,6 +194,9 @@ pub struct ModelSpec {
     /// Rotary dims stored interleaved (`rope_interleave`, DeepSeek-V3), when the config says.
     #[serde(default)]
     pub rope_interleave: Option<bool>,
+    /// Queries, keys and values clamped to ±this after their projections (OLMoE's and DBRX's `clip_qkv`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_qkv: Option<f64>,
 }
 
 impl ModelSpec {
@@ -235,6 +238,41 @@ impl ModelSpec {
         *self.layers.last().unwrap_or(&LayerKind::Dense)
     }
 
+    /// The same model without its multi-token-prediction modules: what transformers runs (its DeepSeek-V3
+    /// has no MTP module and ignores those weights), and what trains with `--mtp-loss-weight 0`.
+    pub fn without_mtp(&self) -> ModelSpec {
+        ModelSpec { mtp_depth: 0, ..self.clone() }
+    }
+
+    /// The spec a training run builds for `--mtp-loss-weight` (`None`: not given). MTP modules are not
+    /// implemented in the runtime yet, so a model with them trains only with an explicit weight of 0,
+    /// without them; the error names the config field and the flag.
+    pub fn for_training(&self, mtp_loss_weight: Option<f64>) -> Result<ModelSpec> {
+        let src = format!("model `{}`", self.name);
+        if let Some(w) = mtp_loss_weight {
+            limits::number(&src, "--mtp-loss-weight", w, 0.0, 1e3)?;
+        }
+        match (self.mtp_depth, mtp_loss_weight) {
+            (0, Some(w)) if w > 0.0 => Err(Error::invalid(
+                src,
+                "--mtp-loss-weight",
+                format!(
+                    "is {w}, but the model has no multi-token-prediction module (num_nextn_predict_layers = 0); drop the flag"
+                ),
+            )),
+            (0, _) => Ok(self.clone()),
+            (_, Some(0.0)) => Ok(self.without_mtp()),
+            (depth, _) => Err(Error::invalid(
+                src,
+                "num_nextn_predict_layers",
+                format!(
+                    "= {depth}: multi-token prediction is not implemented in piper-burn yet; pass --mtp-loss-weight 0 to train without the MTP module{} (transformers also runs DeepSeek-V3 without it)",
+                    if depth > 1 { "s" } else { "" }
+                ),
+            )),
+        }
+    }
+
     /// Attention heads.
     pub fn num_heads(&self) -> u64 {
         match self.attention {
@@ -252,7 +290,9 @@ impl ModelSpec {
         limits::count(&src, "num_hidden_layers", self.num_layers, 1, limits::MAX_LAYERS)?;
         limits::count(&src, "vocab_size", self.vocab_size, 1, limits::MAX_VOCAB)?;
         limits::count(&src, "num_nextn_predict_layers", self.mtp_depth, 0, limits::MAX_MTP_DEPTH)?;
-        for (field, v) in [("rope_theta", self.rope_theta), ("rms_norm_eps", self.norm_eps)] {
+        for (field, v) in
+            [("rope_theta", self.rope_theta), ("rms_norm_eps", self.norm_eps), ("clip_qkv", self.clip_qkv)]
+        {
             if let Some(v) = v {
                 limits::positive(&src, field, v, 1e12)?;
             }
