@@ -129,6 +129,11 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), String> {
 
 fn main() {
     keep_freed_pages();
+    // Before anything starts the thread pool: ranks on one host share its cores.
+    if let Err(e) = piper::modules::runtime::threads::share_cores() {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
     let args = Args::parse();
     // A failed collective panics inside the autodiff graph with a message naming the operation, group
     // and missing ranks: print it and leave at once — unwinding would reach MPI_Finalize, which waits

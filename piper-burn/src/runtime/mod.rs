@@ -14,6 +14,7 @@ pub mod optim;
 pub mod plan;
 pub mod report;
 mod stage;
+pub mod threads;
 
 use std::time::Instant;
 
