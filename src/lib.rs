@@ -11,4 +11,5 @@ pub use piper_burn as modules;
 pub use piper_comm as comm;
 pub use piper_models as models;
 pub use piper_planner as planner;
+pub mod alloc;
 pub mod testing;

@@ -6,6 +6,7 @@
 //! and causal LM. The heavy element-wise and gather/scatter work goes through `kernels-cubecl`.
 
 pub mod attention;
+pub mod calibrate;
 pub mod corpus;
 pub mod decoder;
 pub mod dispatch;

@@ -20,6 +20,7 @@ pub mod paper;
 pub mod planner;
 pub mod platform;
 pub mod run_plan;
+pub mod runtime_work;
 pub mod schedule;
 pub mod split;
 pub mod time;

@@ -121,6 +121,11 @@ pub struct Footprint {
     cfg: TrainConfig,
     layout: Layout,
     overhead: f64,
+    /// The runtime's measured bytes per parameter ÷ the configured ones, and its activation factor (1
+    /// where the platform has no runtime measurements).
+    state_factor: f64,
+    activation_factor: f64,
+    logits_factor: f64,
     /// Prefix sums over layers (index i = layers 0..i): held params, optimizer-state params,
     /// activation bytes per micro-batch, MoE layer count.
     prefix: Vec<[f64; 4]>,
@@ -203,6 +208,12 @@ impl Footprint {
             cfg: cfg.clone(),
             layout: *layout,
             overhead: platform.overhead_bytes(),
+            state_factor: platform.runtime.map_or(1.0, |r| {
+                let configured = cfg.weight_bytes + cfg.grad_bytes + cfg.optimizer_bytes;
+                if configured > 0.0 { r.bytes_per_param / configured } else { 1.0 }
+            }),
+            activation_factor: platform.runtime.map_or(1.0, |r| r.activation_factor),
+            logits_factor: platform.runtime.map_or(1.0, |r| r.logits_factor),
         })
     }
 
@@ -230,6 +241,8 @@ impl Footprint {
         }
         let c = &self.cfg;
         let (pb, gb, ob) = (params * c.weight_bytes, params * c.grad_bytes, opt_params * c.optimizer_bytes);
+        let (pb, gb, ob) = (pb * self.state_factor, gb * self.state_factor, ob * self.state_factor);
+        let act = ActivationTerms { logits: act.logits * self.logits_factor, ..act.scaled(self.activation_factor) };
         let activation_bytes = act.total();
         StageMemory {
             stage,
@@ -253,13 +266,14 @@ impl Footprint {
         let in_flight = schedule::peak_in_flight(self.cfg.schedule, stage, pp, self.cfg.num_micro_batches) as f64;
         let (a, b) = (self.prefix[first as usize], self.prefix[(first + n) as usize]);
         let (mut params, mut opt_params) = (b[0] - a[0], b[1] - a[1]);
-        let mut act = (b[2] - a[2]) * in_flight;
+        let mut act = (b[2] - a[2]) * in_flight * self.activation_factor;
         let moe_layers = b[3] - a[3];
-        act += if moe_layers > 0.0 { self.working_set_moe } else { 0.0 }.max(if moe_layers < n as f64 {
-            self.working_set_dense
-        } else {
-            0.0
-        });
+        act += self.activation_factor
+            * if moe_layers > 0.0 { self.working_set_moe } else { 0.0 }.max(if moe_layers < n as f64 {
+                self.working_set_dense
+            } else {
+                0.0
+            });
         if stage == 0 {
             params += self.first_stage_params.0;
             opt_params += self.first_stage_params.1;
@@ -267,10 +281,13 @@ impl Footprint {
         if stage == pp - 1 {
             params += self.last_stage_params.0;
             opt_params += self.last_stage_params.1;
-            act += self.last_stage_act.total() * in_flight;
+            let l = &self.last_stage_act;
+            act += ((l.total() - l.logits) * self.activation_factor + l.logits * self.logits_factor) * in_flight;
         }
         let c = &self.cfg;
-        params * (c.weight_bytes + c.grad_bytes) + opt_params * c.optimizer_bytes + act + self.overhead
+        (params * (c.weight_bytes + c.grad_bytes) + opt_params * c.optimizer_bytes) * self.state_factor
+            + act
+            + self.overhead
     }
 
     /// Memory of every stage of a split.
@@ -396,7 +413,37 @@ mod tests {
 
     #[test]
     fn fast_total_matches_the_itemised_stage() {
-        let p = platform::preset("frontier").unwrap();
+        let mut p = platform::preset("frontier").unwrap();
+        // With a runtime's measured memory too: 20 B per parameter, activations ×1.5, logits ×3.
+        let measured = crate::platform::RuntimeCosts {
+            op_overhead_us: 1.0,
+            norm_ns: 1.0,
+            rope_ns: 1.0,
+            softmax_ns: 1.0,
+            swiglu_ns: 1.0,
+            elementwise_ns: 1.0,
+            optimizer_ns_per_param: 1.0,
+            bytes_per_param: 20.0,
+            activation_factor: 1.5,
+            logits_factor: 3.0,
+        };
+        for runtime in [None, Some(measured)] {
+            p.runtime = runtime;
+            fast_total_matches_on(&p);
+        }
+        // The factors apply term by term: states × 20/16, layer activations × 1.5, logits × 3.
+        let spec = preset("mixtral-8x7b").unwrap();
+        let layout = Layout { pp: 2, ep: 8, dp: 1 };
+        let plain =
+            Footprint::new(&spec, &platform::preset("frontier").unwrap(), &layout, &cfg(4)).unwrap().stage(1, 16, 16);
+        let got = Footprint::new(&spec, &p, &layout, &cfg(4)).unwrap().stage(1, 16, 16);
+        let states = |m: &StageMemory| m.params_bytes + m.grads_bytes + m.optimizer_bytes;
+        assert!((states(&got) / states(&plain) - 20.0 / 16.0).abs() < 1e-12);
+        assert!((got.activations.logits / plain.activations.logits - 3.0).abs() < 1e-12);
+        assert!((got.activations.routed_experts / plain.activations.routed_experts - 1.5).abs() < 1e-12);
+    }
+
+    fn fast_total_matches_on(p: &Platform) {
         for (name, recompute) in [
             ("deepseek-v3", Recompute::Full),
             ("llama4-maverick", Recompute::Selective),
@@ -404,7 +451,7 @@ mod tests {
         ] {
             let spec = preset(name).unwrap();
             let layout = Layout { pp: 4, ep: 4, dp: 2 };
-            let fp = Footprint::new(&spec, &p, &layout, &TrainConfig { recompute, ..cfg(6) }).unwrap();
+            let fp = Footprint::new(&spec, p, &layout, &TrainConfig { recompute, ..cfg(6) }).unwrap();
             for (s, first, n) in [(0, 0, 5), (1, 3, 7), (3, spec.num_layers - 9, 9), (2, 10, 1)] {
                 let slow = fp.stage(s, first, n).total_bytes;
                 assert!((fp.stage_total_bytes(s, first, n) - slow).abs() <= 1e-6 * slow, "{name} {s} {first} {n}");

@@ -18,6 +18,7 @@ use crate::layout::{Layout, Recompute, StageSplit, TrainConfig};
 use crate::model::counts::{attention_forward_flops, layer_params, mlp_forward_flops, mtp_module_params};
 use crate::model::{Attention, LayerKind, ModelSpec, training_flops_per_token};
 use crate::platform::Platform;
+use crate::runtime_work::{head_elements, layer_elements};
 use crate::schedule::{Simulation, simulate};
 
 /// Seconds per micro-batch of one layer on one rank.
@@ -196,9 +197,14 @@ impl<'a> CostModel<'a> {
                 Recompute::Selective => (attn_core_s, 0.0),
                 Recompute::Full => (fwd, 2.0 * a2a_each),
             };
+            // The runtime's element-wise work and per-op overhead, where measured: a third forward, two
+            // thirds backward (and another third again under full recompute).
+            let runtime_s =
+                platform.runtime.map_or(0.0, |rc| layer_elements(spec, kind, t, cfg.seq_len as f64).seconds(&rc));
+            let rerun = if cfg.recompute == Recompute::Full { runtime_s / 3.0 } else { 0.0 };
             LayerTime {
-                forward_compute_s: fwd,
-                backward_compute_s: 2.0 * fwd + recompute_s,
+                forward_compute_s: fwd + runtime_s / 3.0,
+                backward_compute_s: 2.0 * fwd + recompute_s + 2.0 * runtime_s / 3.0 + rerun,
                 forward_a2a_s: 2.0 * a2a_each,
                 backward_a2a_s: 2.0 * a2a_each + recompute_a2a,
             }
@@ -207,8 +213,12 @@ impl<'a> CostModel<'a> {
         let depth = 1.0 + spec.mtp_depth as f64;
         let v = spec.vocab_size;
         let logits_s = depth * gemm(2.0 * (d * v) as f64 * t, t, v, d);
-        let mut last_stage =
-            LayerTime { forward_compute_s: logits_s, backward_compute_s: 2.0 * logits_s, ..Default::default() };
+        let head_s = platform.runtime.map_or(0.0, |rc| head_elements(spec, t, true).seconds(&rc));
+        let mut last_stage = LayerTime {
+            forward_compute_s: logits_s + head_s / 3.0,
+            backward_compute_s: 2.0 * logits_s + 2.0 * head_s / 3.0,
+            ..Default::default()
+        };
         for _ in 0..spec.mtp_depth {
             let l = layer_time(spec.mtp_layer_kind());
             last_stage.forward_compute_s += l.forward_compute_s;
@@ -255,6 +265,19 @@ impl<'a> CostModel<'a> {
         })
     }
 
+    /// Ranks sharing too few cores (a CPU node running more ranks than it has cores) were calibrated all
+    /// busy at once; when a pipeline leaves a fraction `bubble` of them idle, the busy ones get the idle
+    /// ones' cores: their work runs `max(C / R, 1 − bubble)` times as long as calibrated (C cores, R ranks
+    /// on the node). 1 where every rank has its own core.
+    fn shared_cores_factor(&self, bubble: f64) -> f64 {
+        let Some(cores) = self.platform.cores_per_node else { return 1.0 };
+        let ranks = self.layout.gpus().min(self.platform.gpus_per_node) as f64;
+        if ranks <= cores as f64 {
+            return 1.0;
+        }
+        (cores as f64 / ranks).max(1.0 - bubble).min(1.0)
+    }
+
     /// Forward + backward seconds of one micro-batch through layer `i` (for balancing splits).
     pub fn layer_total_s(&self, i: usize) -> f64 {
         self.layers[i].total_s()
@@ -294,8 +317,11 @@ impl<'a> CostModel<'a> {
                 + all_reduce_s(self.platform, &self.expert_group[s], self.layout.dp, expert_bytes);
         let params = (dense_bytes + expert_bytes) / self.cfg.grad_bytes.max(1e-9);
         let shard = if self.cfg.zero1 { (self.layout.ep * self.layout.dp) as f64 } else { 1.0 };
-        // Read and write weights, gradients and optimizer states once.
-        let optimizer_s = 2.0 * params * self.optimizer_bytes_per_param / shard / (self.platform.memory_gbs * 1e9);
+        // Read and write weights, gradients and optimizer states once (or the runtime's measured step).
+        let optimizer_s = match &self.platform.runtime {
+            Some(rc) => params / shard * rc.optimizer_ns_per_param * 1e-9,
+            None => 2.0 * params * self.optimizer_bytes_per_param / shard / (self.platform.memory_gbs * 1e9),
+        };
         StageTime {
             stage,
             forward_s: sum.forward_s(),
@@ -309,12 +335,24 @@ impl<'a> CostModel<'a> {
 
     /// The step for a split: simulate the schedule, add the slowest stage's reduction and update.
     pub fn predict(&self, split: &StageSplit) -> StepPrediction {
-        let stages: Vec<StageTime> =
+        let mut stages: Vec<StageTime> =
             split.starts().iter().zip(&split.0).enumerate().map(|(s, (f, n))| self.stage(s as u64, *f, *n)).collect();
-        let fwd: Vec<f64> = stages.iter().map(|s| s.forward_s).collect();
-        let bwd: Vec<f64> = stages.iter().map(|s| s.backward_s).collect();
-        let p2p: Vec<f64> = stages.iter().map(|s| s.p2p_s).collect();
-        let pipeline = simulate(self.cfg.schedule, self.cfg.num_micro_batches, &fwd, &bwd, &p2p);
+        let simulate_stages = |stages: &[StageTime]| {
+            let fwd: Vec<f64> = stages.iter().map(|s| s.forward_s).collect();
+            let bwd: Vec<f64> = stages.iter().map(|s| s.backward_s).collect();
+            let p2p: Vec<f64> = stages.iter().map(|s| s.p2p_s).collect();
+            simulate(self.cfg.schedule, self.cfg.num_micro_batches, &fwd, &bwd, &p2p)
+        };
+        let mut pipeline = simulate_stages(&stages);
+        let shared = self.shared_cores_factor(pipeline.bubble_fraction);
+        if shared < 1.0 {
+            for s in &mut stages {
+                s.forward_s *= shared;
+                s.backward_s *= shared;
+                s.a2a_s *= shared;
+            }
+            pipeline = simulate_stages(&stages);
+        }
         let tail = crate::limits::max_or_zero(stages.iter().map(|s| s.grad_reduce_s + s.optimizer_s));
         let step_time_s = pipeline.makespan_s + tail;
         let tokens = (self.cfg.global_batch(&self.layout) * self.cfg.seq_len) as f64;

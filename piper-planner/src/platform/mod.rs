@@ -1,10 +1,12 @@
 //! Platforms: TOML specs, presets, and efficiency interpolation.
 
 pub mod efficiency;
+pub mod runtime;
 pub mod spec;
 
 use std::path::{Path, PathBuf};
 
+pub use runtime::{MemoryFit, MemoryPoint, RuntimeCosts, fit_memory, with_runtime};
 pub use spec::{GIB, GemmTable, Level, Link, Platform, Topology};
 
 use crate::error::{Error, Result};

@@ -19,6 +19,10 @@ pub struct Platform {
     pub description: String,
     /// GPUs (ranks) per node.
     pub gpus_per_node: u64,
+    /// Cores the node's ranks share, on a CPU platform calibrated with more ranks than cores (absent:
+    /// every rank has its own device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cores_per_node: Option<u64>,
     /// Memory of one GPU, GiB.
     pub gpu_memory_gib: f64,
     /// Memory a rank loses to the framework, runtime, communication buffers and workspace, GiB.
@@ -32,6 +36,9 @@ pub struct Platform {
     /// Measured GEMM efficiency tables, one per weight shape.
     pub gemm_efficiency: Vec<GemmTable>,
     pub topology: Topology,
+    /// The runtime's non-GEMM costs and real memory, where measured (CPU runtimes; see `runtime.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<super::runtime::RuntimeCosts>,
 }
 
 /// GEMM efficiency for `[m × k] · [k × n]` as a function of `m` (tokens, e.g. tokens per expert).
@@ -228,11 +235,17 @@ impl Platform {
         if let Some(p) = t.message_cost_peers {
             limits::number(&src, "topology.message_cost_peers", p, 1.0, 1e9)?;
         }
+        if let Some(r) = &self.runtime {
+            r.validate(&src)?;
+        }
         limits::number(&src, "framework_overhead_gib", self.framework_overhead_gib, 0.0, 1e6)?;
         if self.framework_overhead_gib >= self.gpu_memory_gib {
             return bad("framework_overhead_gib", "must be below gpu_memory_gib");
         }
         limits::count(&src, "gpus_per_node", self.gpus_per_node, 1, 1 << 12)?;
+        if let Some(c) = self.cores_per_node {
+            limits::count(&src, "cores_per_node", c, 1, 1 << 20)?;
+        }
         if self.peak_tflops.is_empty() {
             return bad("peak_tflops", "needs at least one dtype with a positive TFLOP/s value");
         }

@@ -36,8 +36,19 @@ fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// FLOP/s of one single-threaded f32 GEMM `[m × k] · [k × n]`.
-fn gemm_flops(m: usize, n: usize, k: usize) -> f64 {
+/// Threads one rank gets: the host's cores shared by the ranks on it (as the runtime sizes its pool).
+fn threads_per_rank(ranks_on_node: usize) -> usize {
+    let local = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok())
+        .filter(|n: &usize| *n > 0)
+        .unwrap_or(ranks_on_node);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / local.max(1)).max(1)
+}
+
+/// FLOP/s of one f32 GEMM `[m × k] · [k × n]` on `threads` threads.
+fn gemm_flops(m: usize, n: usize, k: usize, threads: usize) -> f64 {
     let a = vec![1.0f32; m * k];
     let b = vec![0.5f32; k * n];
     let mut c = vec![0.0f32; m * n];
@@ -64,7 +75,7 @@ fn gemm_flops(m: usize, n: usize, k: usize) -> f64 {
                 false,
                 false,
                 false,
-                gemm::Parallelism::None,
+                if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None },
             )
         }
     });
@@ -137,14 +148,17 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
     // GEMMs: every rank at once.
     barrier(world, "calibrate").map_err(|e| e.to_string())?;
     let ms = [1usize, 16, 64, 256, 1024, 4096];
-    let shapes = [(1024usize, 1024usize), (2048, 512)];
+    // The skinny per-expert and attention-width shapes of small models, and wide ones.
+    let shapes = [(256usize, 256usize), (512, 256), (256, 512), (1024, 1024), (2048, 512)];
+    let threads = threads_per_rank(per_node);
     let mut tables = Vec::new();
     for (n, k) in shapes {
-        let points: Vec<f64> = ms.iter().map(|m| gemm_flops(*m, n, k)).collect();
+        let points: Vec<f64> = ms.iter().map(|m| gemm_flops(*m, n, k, threads)).collect();
         tables.push((n, k, points));
     }
-    let attention: Vec<f64> = [64usize, 512, 2048].iter().map(|s| gemm_flops(*s, *s, 64)).collect();
-    let (peak, peak_how) = nominal_core_flops();
+    let attention: Vec<f64> = [64usize, 512, 2048].iter().map(|s| gemm_flops(*s, *s, 64, threads)).collect();
+    let (core_peak, core_how) = nominal_core_flops();
+    let (peak, peak_how) = (core_peak * threads as f64, format!("{threads} core(s) per rank × {core_how}"));
     // Mean over ranks of each measurement.
     let mine: Vec<f64> = tables.iter().flat_map(|t| t.2.clone()).chain(attention.clone()).collect();
     let all = all_gather(world, &mine, "calibrate gather").map_err(|e| e.to_string())?;
@@ -221,6 +235,7 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
             nodes.len()
         ),
         gpus_per_node: per_node as u64,
+        cores_per_node: None,
         gpu_memory_gib: (mem_total / per_node as f64 * 0.8).max(1.0),
         framework_overhead_gib: 0.5,
         memory_gbs: mem,
@@ -242,6 +257,7 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
             group: link,
             system: link,
         },
+        runtime: None,
     };
     platform.validate().map_err(|e| format!("calibration produced an invalid platform: {e}"))?;
     let path =
