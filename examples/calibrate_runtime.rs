@@ -91,7 +91,7 @@ fn run(a: Args) -> Result<(), String> {
             base.attention_efficiency = attention;
             let costs: Vec<RuntimeCosts> = measured.iter().map(|m| m.runtime).collect();
             // More ranks than cores (an oversubscribed CPU box): the time model needs to know.
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+            let cores = piper::comm::launch::host_cores() as u64;
             base.cores_per_node = (cores < base.gpus_per_node).then_some(cores);
             let runs: Vec<MemoryPoint> = serde_json::from_value(read_json(&memory_runs)?)
                 .map_err(|e| format!("{}: {e}", memory_runs.display()))?;

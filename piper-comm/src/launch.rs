@@ -38,3 +38,40 @@ pub fn init_world() -> Result<World> {
     }
     Ok(World { comm: Box::new(LocalComm::single()), _runtime: None })
 }
+
+/// Launcher variables holding the number of ranks on this host, in order of trust.
+const LOCAL_SIZE_VARS: [&str; 3] = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"];
+
+/// Ranks the launcher started on this host, if it says (`SLURM_NTASKS_PER_NODE` may read `4(x2)`: its
+/// leading count is taken).
+pub fn local_ranks() -> Option<usize> {
+    LOCAL_SIZE_VARS.iter().find_map(|var| {
+        let text = std::env::var(var).ok()?;
+        let digits: String = text.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse::<usize>().ok().filter(|n| *n > 0)
+    })
+}
+
+/// Threads each of `local_ranks` ranks on a host of `cores` cores gets: the cores shared out, at least
+/// one.
+pub fn threads_per_rank(cores: usize, local_ranks: usize) -> usize {
+    (cores / local_ranks.max(1)).max(1)
+}
+
+/// This host's cores.
+pub fn host_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_share_the_cores() {
+        assert_eq!(threads_per_rank(2, 2), 1);
+        assert_eq!(threads_per_rank(16, 4), 4);
+        assert_eq!(threads_per_rank(2, 4), 1, "oversubscribed hosts still get one thread per rank");
+        assert_eq!(threads_per_rank(8, 3), 2);
+    }
+}

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use piper_comm::collectives::{all_gather, barrier};
 use piper_comm::communicator::wait_all;
+use piper_comm::launch::{host_cores, local_ranks, threads_per_rank};
 use piper_comm::{Communicator, Topology};
 use piper_planner::platform::{
     GemmTable, Link, Platform, Topology as PlatformTopology, calibrated_local_path, to_toml,
@@ -37,14 +38,8 @@ fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 /// Threads one rank gets: the host's cores shared by the ranks on it (as the runtime sizes its pool).
-fn threads_per_rank(ranks_on_node: usize) -> usize {
-    let local = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok())
-        .filter(|n: &usize| *n > 0)
-        .unwrap_or(ranks_on_node);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores / local.max(1)).max(1)
+fn rank_threads(ranks_on_node: usize) -> usize {
+    threads_per_rank(host_cores(), local_ranks().unwrap_or(ranks_on_node))
 }
 
 /// FLOP/s of one f32 GEMM `[m × k] · [k × n]` on `threads` threads.
@@ -150,7 +145,7 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
     let ms = [1usize, 16, 64, 256, 1024, 4096];
     // The skinny per-expert and attention-width shapes of small models, and wide ones.
     let shapes = [(256usize, 256usize), (512, 256), (256, 512), (1024, 1024), (2048, 512)];
-    let threads = threads_per_rank(per_node);
+    let threads = rank_threads(per_node);
     let mut tables = Vec::new();
     for (n, k) in shapes {
         let points: Vec<f64> = ms.iter().map(|m| gemm_flops(*m, n, k, threads)).collect();
