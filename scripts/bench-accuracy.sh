@@ -7,7 +7,9 @@
 # the files exist). Writes bench-results/accuracy.json and bench-results/accuracy.png (predicted vs
 # measured, with y = x).
 #
-#   PYTHON=/path/with/matplotlib scripts/bench-accuracy.sh [STEPS]
+#   PYTHON=/path/with/matplotlib [REPEATS=3] scripts/bench-accuracy.sh [STEPS]
+# REPEATS runs of each layout (default 1) give the median step time and peak memory: this VM's speed
+# varies by ~20% between runs of the same layout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-12}
@@ -53,29 +55,35 @@ for model in tiny benches/configs/train-mixtral-m.json; do
             *) split_args=(--split "$("$python" -c "n,p=$layers,$pp; print(','.join([str(n//p)]*p))")") ;;
         esac
         mbs=$((batch / (m * ep * dp)))
-        "${mpi[@]}" -np "$ranks" "$bin/examples/mixtral_train" --preset "$model" --steps "$steps" \
-            --batch-size "$batch" --seq-len "$seq" --warmup 2 --pp "$pp" --ep "$ep" --dp "$dp" \
-            --micro-batches "$m" --schedule "$schedule" "${split_args[@]}" --platform "$platforms/local-$ranks.toml" \
-            --migration off --no-progress --log-every 0 --summary "$tmp/summary.json" >"$tmp/run.log" 2>&1 ||
-            { cat "$tmp/run.log" >&2; exit 1; }
+        for rep in $(seq 1 "${REPEATS:-1}"); do
+            "${mpi[@]}" -np "$ranks" "$bin/examples/mixtral_train" --preset "$model" --steps "$steps" \
+                --batch-size "$batch" --seq-len "$seq" --warmup 2 --pp "$pp" --ep "$ep" --dp "$dp" \
+                --micro-batches "$m" --schedule "$schedule" "${split_args[@]}" --platform "$platforms/local-$ranks.toml" \
+                --migration off --no-progress --log-every 0 --summary "$tmp/summary-$rep.json" >"$tmp/run.log" 2>&1 ||
+                { cat "$tmp/run.log" >&2; exit 1; }
+        done
         "$bin/piper" predict --model "$model" --platform "$platforms/local-$ranks.toml" --pp "$pp" --ep "$ep" \
             --dp "$dp" --micro-batch-size "$mbs" --num-micro-batches "$m" --seq-len "$seq" --schedule "$schedule" \
             --recompute none --dtype fp32 --weight-bytes 4 --grad-bytes 4 --optimizer-bytes 8 \
             --no-flash-attention "${split_args[@]}" --json >"$tmp/predict.json"
-        "$python" - "$model" "$l" "$tmp/summary.json" "$tmp/predict.json" >>"$out" <<'PY'
-import json, sys
+        "$python" - "$model" "$l" "$tmp/predict.json" "$tmp"/summary-*.json >>"$out" <<'PY'
+import json, statistics, sys
 model, layout = sys.argv[1], sys.argv[2].split()
-summary, predict = (json.load(open(p)) for p in sys.argv[3:5])
-measured_t, measured_m = summary["step_time_median_s"], max(summary["peak_rss_bytes"])
+predict = json.load(open(sys.argv[3]))
+summaries = [json.load(open(p)) for p in sys.argv[4:]]
+measured_t = statistics.median(s["step_time_median_s"] for s in summaries)
+measured_m = statistics.median(max(s["peak_rss_bytes"]) for s in summaries)
 print(json.dumps({
     "model": model.split("/")[-1].removesuffix(".json"), "ranks": int(layout[0]), "pp": int(layout[1]),
     "ep": int(layout[2]), "dp": int(layout[3]), "micro_batches": int(layout[4]), "schedule": layout[5],
+    "repeats": len(summaries),
     "step_time_s": {"predicted": predict["step_time_s"], "measured": measured_t,
                     "error": predict["step_time_s"] / measured_t - 1},
     "peak_memory_bytes": {"predicted": predict["peak_memory_bytes"], "measured": measured_m,
                           "error": predict["peak_memory_bytes"] / measured_m - 1},
 }))
 PY
+        rm -f "$tmp"/summary-*.json
         tail -n 1 "$out" | "$python" -c 'import json,sys; d=json.loads(sys.stdin.read()); t,m=d["step_time_s"],d["peak_memory_bytes"]; print("%-16s R=%d PP=%d EP=%d DP=%d M=%d %-5s step %7.1f ms predicted %7.1f (%+5.1f%%)  memory %6.1f MiB predicted %6.1f (%+5.1f%%)" % (d["model"], d["ranks"], d["pp"], d["ep"], d["dp"], d["micro_batches"], d["schedule"], 1e3*t["measured"], 1e3*t["predicted"], 100*t["error"], m["measured"]/2**20, m["predicted"]/2**20, 100*m["error"]))' >&2
     done
 done
