@@ -213,7 +213,7 @@ impl<'a> CostModel<'a> {
         let depth = 1.0 + spec.mtp_depth as f64;
         let v = spec.vocab_size;
         let logits_s = depth * gemm(2.0 * (d * v) as f64 * t, t, v, d);
-        let head_s = platform.runtime.map_or(0.0, |rc| head_elements(spec, t, true).seconds(&rc));
+        let head_s = platform.runtime.map_or(0.0, |rc| head_elements(spec, t).seconds(&rc));
         let mut last_stage = LayerTime {
             forward_compute_s: logits_s + head_s / 3.0,
             backward_compute_s: 2.0 * logits_s + 2.0 * head_s / 3.0,
