@@ -173,7 +173,7 @@ fn network_s(platform: &Platform, bytes_by_level: [f64; 3], msg_bytes: f64, peer
 /// highest level crossed, once.
 fn latency_s(platform: &Platform, count_by_level: [u64; 3]) -> f64 {
     let crossed = NET_LEVELS.iter().zip(count_by_level).filter(|(_, n)| *n > 0);
-    crossed.map(|(l, _)| platform.link(*l).latency_us * 1e-6).fold(0.0, f64::max)
+    crate::limits::max_or_zero(crossed.map(|(l, _)| platform.link(*l).latency_us * 1e-6))
 }
 
 /// Cost of one all-to-all where every member sends `bytes_per_peer` to every other member.

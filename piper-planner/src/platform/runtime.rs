@@ -100,7 +100,7 @@ pub fn fit_memory(points: &[MemoryPoint]) -> Result<MemoryFit> {
             m[i][N] += row[i] * p.peak_rss_bytes / g;
         }
     }
-    let scale = (0..N).map(|i| m[i][i].abs()).fold(0.0, f64::max);
+    let scale = crate::limits::max_or_zero((0..N).map(|i| m[i][i].abs()));
     for col in 0..N {
         let pivot = (col..N).max_by(|a, b| m[*a][col].abs().total_cmp(&m[*b][col].abs())).expect("rows");
         m.swap(col, pivot);
