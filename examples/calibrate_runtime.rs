@@ -56,8 +56,21 @@ fn measured_of(path: &PathBuf) -> Result<Measured, String> {
     serde_json::from_value(read_json(path)?).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// The mean over ranks of each efficiency point (every rank measured the same shapes).
-fn mean_tables(all: &[Measured]) -> (Vec<GemmTable>, Vec<[f64; 2]>) {
+/// The mean over ranks of each efficiency point. Every file must hold the same shapes and sizes as the
+/// first (files from another build or another machine are refused, naming the file).
+fn mean_tables(all: &[Measured], files: &[PathBuf]) -> Result<(Vec<GemmTable>, Vec<[f64; 2]>), String> {
+    let grid = |m: &Measured| {
+        let gemm: Vec<(u64, u64, Vec<f64>)> =
+            m.gemm_efficiency.iter().map(|t| (t.n, t.k, t.points.iter().map(|p| p[0]).collect())).collect();
+        (gemm, m.attention_efficiency.iter().map(|p| p[0]).collect::<Vec<f64>>())
+    };
+    if let Some((_, file)) = all.iter().zip(files).find(|(m, _)| grid(m) != grid(&all[0])) {
+        return Err(format!(
+            "{}: measured other GEMM shapes or sequence lengths than {}; measure every rank with the same build",
+            file.display(),
+            files[0].display()
+        ));
+    }
     let n = all.len() as f64;
     let mut gemm = all[0].gemm_efficiency.clone();
     for (t, table) in gemm.iter_mut().enumerate() {
@@ -69,7 +82,7 @@ fn mean_tables(all: &[Measured]) -> (Vec<GemmTable>, Vec<[f64; 2]>) {
     for (i, point) in attention.iter_mut().enumerate() {
         point[1] = all.iter().map(|m| m.attention_efficiency[i][1]).sum::<f64>() / n;
     }
-    (gemm, attention)
+    Ok((gemm, attention))
 }
 
 fn run(a: Args) -> Result<(), String> {
@@ -86,7 +99,7 @@ fn run(a: Args) -> Result<(), String> {
         Command::Write { platform: input, costs, memory_runs, out } => {
             let mut base = platform::load(&input).map_err(|e| e.to_string())?;
             let measured: Vec<Measured> = costs.iter().map(measured_of).collect::<Result<_, _>>()?;
-            let (gemm, attention) = mean_tables(&measured);
+            let (gemm, attention) = mean_tables(&measured, &costs)?;
             base.gemm_efficiency = gemm;
             base.attention_efficiency = attention;
             let costs: Vec<RuntimeCosts> = measured.iter().map(|m| m.runtime).collect();
