@@ -19,6 +19,8 @@ pub mod backend;
 #[cfg(feature = "kernels")]
 pub mod cube;
 pub mod flex;
+pub mod fused;
+pub mod fused_autodiff;
 pub mod grouped;
 #[cfg(feature = "hip-codegen")]
 pub mod hip;
@@ -30,8 +32,10 @@ use burn::backend::Dispatch;
 use burn::prelude::*;
 
 pub use backend::MoeBackend;
+pub use fused::{FusedBackend, causal_attention, cross_entropy, rotary};
 pub use reference::{
-    combine_rows_reference, grouped_swiglu_reference, permute_rows_reference, swiglu_reference, topk_softmax_reference,
+    causal_attention_reference, combine_rows_reference, cross_entropy_reference, grouped_swiglu_reference,
+    permute_rows_reference, rotary_reference, swiglu_reference, topk_softmax_reference,
 };
 
 /// Where each permuted row comes from and goes back to: the `t · k` (token, slot) pairs in the

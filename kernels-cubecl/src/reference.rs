@@ -70,3 +70,42 @@ pub fn topk_softmax_reference(logits_te: Tensor<2>, k: usize, renormalize: bool)
     }
     (w_tk, idx_tk)
 }
+
+/// Causal attention as the model used to run it on Burn's tensor ops: heads moved to dim 1, key/value
+/// heads repeated for their query heads, an explicit `−∞` mask above the diagonal, a full softmax.
+///
+/// # Shapes
+/// - `q_bshc` `[b, s, h, c]`, `k_bsgc` `[b, s, g, c]`, `v_bsge` `[b, s, g, e]` → `[b, s, h, e]`
+pub fn causal_attention_reference(q_bshc: Tensor<4>, k_bsgc: Tensor<4>, v_bsge: Tensor<4>, scale: f32) -> Tensor<4> {
+    let [b, s, h, _] = q_bshc.dims();
+    let g = k_bsgc.dims()[2];
+    let repeat = |t: Tensor<4>| {
+        let [_, _, _, w] = t.dims();
+        t.swap_dims(1, 2).unsqueeze_dim::<5>(2).expand([b, g, h / g, s, w]).reshape([b, h, s, w])
+    };
+    let scores_bhss = q_bshc.swap_dims(1, 2).matmul(repeat(k_bsgc).swap_dims(2, 3)) * scale as f64;
+    let future_ss = Tensor::<2, Bool>::tril_mask([s, s], 0, &scores_bhss.device());
+    let scores_bhss = scores_bhss.mask_fill(future_ss.unsqueeze::<4>().expand([b, h, s, s]), f32::NEG_INFINITY);
+    burn::tensor::activation::softmax(scores_bhss, 3).matmul(repeat(v_bsge)).swap_dims(1, 2)
+}
+
+/// Rotary embedding on tensor ops: `x · cos + [−x2, x1] · sin` with `x = [x1, x2]` halves.
+///
+/// # Shapes
+/// - `x_bshk` `[b, s, h, k]`, `cos_sk`/`sin_sk` `[s, k]` → `[b, s, h, k]`
+pub fn rotary_reference(x_bshk: Tensor<4>, cos_sk: Tensor<2>, sin_sk: Tensor<2>) -> Tensor<4> {
+    let [_, s, _, k] = x_bshk.dims();
+    let half = k / 2;
+    let rotated = Tensor::cat(vec![x_bshk.clone().narrow(3, half, half).neg(), x_bshk.clone().narrow(3, 0, half)], 3);
+    x_bshk * cos_sk.reshape([1, s, 1, k]) + rotated * sin_sk.reshape([1, s, 1, k])
+}
+
+/// Cross-entropy of each row against its target through Burn's `log_softmax`: `−log_softmax(row)[target]`.
+///
+/// # Shapes
+/// - `logits_nv` `[n, v]`, `targets_n` `[n]` → `[n]`
+pub fn cross_entropy_reference(logits_nv: Tensor<2>, targets_n: Tensor<1, Int>) -> Tensor<1> {
+    let n = logits_nv.dims()[0];
+    let log_probs_nv = burn::tensor::activation::log_softmax(logits_nv, 1);
+    log_probs_nv.gather(1, targets_n.reshape([n, 1])).reshape([n]).neg()
+}

@@ -176,7 +176,74 @@ fn grouped_case_sized(device: &Device, counts: &[usize], d: usize, f: usize) {
     close("grouped grad w_down", &fast.4, &reference.4);
 }
 
+fn attention_case(device: &Device, [b, s, h, g, c, e]: [usize; 6]) {
+    let seed = (b * 1000 + s * 10 + h) as u64;
+    let (q, k, v) =
+        (random([b, s, h, c], 1.0, seed), random([b, s, g, c], 1.0, seed + 1), random([b, s, g, e], 1.0, seed + 2));
+    let probe = random([b, s, h, e], 1.0, seed + 3);
+    let scale = 1.0 / (c as f32).sqrt();
+    let run = |dev: &Device, fast: bool| {
+        let q = Tensor::<4>::from_data(q.clone(), dev).require_grad();
+        let k = Tensor::<4>::from_data(k.clone(), dev).require_grad();
+        let v = Tensor::<4>::from_data(v.clone(), dev).require_grad();
+        let o = if fast {
+            causal_attention(q.clone(), k.clone(), v.clone(), scale)
+        } else {
+            causal_attention_reference(q.clone(), k.clone(), v.clone(), scale)
+        };
+        let grads = (o.clone() * Tensor::from_data(probe.clone(), dev)).sum().backward();
+        (values(o), values(q.grad(&grads).unwrap()), values(k.grad(&grads).unwrap()), values(v.grad(&grads).unwrap()))
+    };
+    let (fast, reference) = (run(device, true), run(&reference_device(), false));
+    let what = format!("attention b {b} s {s} h {h} g {g} c {c} e {e}");
+    close(&what, &fast.0, &reference.0);
+    close(&format!("{what} grad q"), &fast.1, &reference.1);
+    close(&format!("{what} grad k"), &fast.2, &reference.2);
+    close(&format!("{what} grad v"), &fast.3, &reference.3);
+}
+
+fn rotary_case(device: &Device, [b, s, h, k]: [usize; 4]) {
+    let (x, probe) = (random([b, s, h, k], 1.0, 41), random([b, s, h, k], 1.0, 42));
+    // Tables of a real rotation (cos² + sin² = 1), duplicated over the halves as the models build them.
+    let angles: Vec<f32> = (0..s * k).map(|i| (i / k) as f32 * 0.37 * (1 + i % (k / 2)) as f32).collect();
+    let table = |f: fn(f32) -> f32| TensorData::new(angles.iter().map(|&a| f(a)).collect::<Vec<f32>>(), [s, k]);
+    let (cos, sin) = (table(f32::cos), table(f32::sin));
+    let run = |dev: &Device, fast: bool| {
+        let x = Tensor::<4>::from_data(x.clone(), dev).require_grad();
+        let (cos, sin) = (Tensor::<2>::from_data(cos.clone(), dev), Tensor::<2>::from_data(sin.clone(), dev));
+        let y = if fast { rotary(x.clone(), cos, sin) } else { rotary_reference(x.clone(), cos, sin) };
+        let grads = (y.clone() * Tensor::from_data(probe.clone(), dev)).sum().backward();
+        (values(y), values(x.grad(&grads).unwrap()))
+    };
+    let (fast, reference) = (run(device, true), run(&reference_device(), false));
+    close("rotary", &fast.0, &reference.0);
+    close("rotary grad x", &fast.1, &reference.1);
+}
+
+fn cross_entropy_case(device: &Device, n: usize, v: usize) {
+    let (logits, probe) = (random([n, v], 3.0, 51), random([n], 1.0, 52));
+    let targets = TensorData::new((0..n).map(|i| ((i * 7919) % v) as i64).collect::<Vec<_>>(), [n]);
+    let run = |dev: &Device, fast: bool| {
+        let l = Tensor::<2>::from_data(logits.clone(), dev).require_grad();
+        let t = Tensor::<1, Int>::from_data(targets.clone(), dev);
+        let loss = if fast { cross_entropy(l.clone(), t) } else { cross_entropy_reference(l.clone(), t) };
+        let grads = (loss.clone() * Tensor::from_data(probe.clone(), dev)).sum().backward();
+        (values(loss), values(l.grad(&grads).unwrap()))
+    };
+    let (fast, reference) = (run(device, true), run(&reference_device(), false));
+    close("cross-entropy", &fast.0, &reference.0);
+    close("cross-entropy grad logits", &fast.1, &reference.1);
+}
+
 fn all_cases(device: &Device) {
+    // Query tiles of 32: one partial tile, several with a partial last one, grouped and plain heads,
+    // value heads narrower than query/key heads (MLA).
+    attention_case(device, [1, 5, 2, 2, 4, 4]);
+    attention_case(device, [2, 37, 4, 2, 8, 6]);
+    attention_case(device, [1, 70, 3, 1, 16, 8]);
+    rotary_case(device, [2, 7, 3, 8]);
+    cross_entropy_case(device, 13, 37);
+    cross_entropy_case(device, 3, 1000);
     swiglu_case(device, 6, 37);
     permute_combine_case(device, 9, 2, 5);
     permute_combine_case(device, 4, 1, 3);

@@ -1,6 +1,7 @@
 //! Causal self-attention with grouped-query heads, rotary embedding, optional q/k RMSNorm per head
 //! (Qwen3) or over the whole projections (OLMoE), q/k/v biases (Qwen2-MoE) and q/k/v clamping (OLMoE's
-//! `clip_qkv`).
+//! `clip_qkv`). The rotation and the causal softmax attention are fused operations
+//! ([`kernels_cubecl::rotary`], [`kernels_cubecl::causal_attention`]) that keep no `s × s` tensor.
 //!
 //! Legend: b = batch, s = sequence, d = model width, h = query heads, g = key/value heads,
 //! k = head dim, q = h·k, v = g·k.
@@ -90,7 +91,6 @@ impl Attention {
     pub fn forward(&self, x_bsd: Tensor<3>) -> Tensor<3> {
         let [b, s, _] = x_bsd.dims();
         let (h, g, k) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let heads = |t: Tensor<3>, n: usize| t.reshape([b, s, n, k]).swap_dims(1, 2);
         let mut q_bsq = self.q_proj.forward(x_bsd.clone());
         let mut k_bsv = self.k_proj.forward(x_bsd.clone());
         let mut v_bsv = self.v_proj.forward(x_bsd);
@@ -108,24 +108,17 @@ impl Attention {
             k_bsv = k_bsv.clamp(-c, c);
             v_bsv = v_bsv.clamp(-c, c);
         }
-        let mut q_bhsk = heads(q_bsq, h);
-        let mut k_bgsk = heads(k_bsv, g);
-        let v_bgsk = heads(v_bsv, g);
+        let mut q_bshk = q_bsq.reshape([b, s, h, k]);
+        let mut k_bsgk = k_bsv.reshape([b, s, g, k]);
+        let v_bsgk = v_bsv.reshape([b, s, g, k]);
         if let Some((qn, kn)) = per_head_norms {
-            q_bhsk = qn.forward(q_bhsk);
-            k_bgsk = kn.forward(k_bgsk);
+            q_bshk = qn.forward(q_bshk);
+            k_bsgk = kn.forward(k_bsgk);
         }
-        let q_bhsk = self.rope.forward(q_bhsk);
-        let k_bgsk = self.rope.forward(k_bgsk);
+        let q_bshk = self.rope.forward(q_bshk);
+        let k_bsgk = self.rope.forward(k_bsgk);
         // Query head i reads key/value head i / (h / g), as Hugging Face's repeat_kv.
-        let repeat = |t: Tensor<4>| t.unsqueeze_dim::<5>(2).expand([b, g, h / g, s, k]).reshape([b, h, s, k]);
-        let (k_bhsk, v_bhsk) = (repeat(k_bgsk), repeat(v_bgsk));
-        let scores_bhss = q_bhsk.matmul(k_bhsk.swap_dims(2, 3)) / (k as f64).sqrt();
-        // `tril_mask` is true outside the lower triangle (diagonal included): exactly the future positions.
-        let future_ss = Tensor::<2, Bool>::tril_mask([s, s], 0, &scores_bhss.device());
-        let scores_bhss = scores_bhss.mask_fill(future_ss.unsqueeze::<4>().expand([b, h, s, s]), f32::NEG_INFINITY);
-        let probs_bhss = burn::tensor::activation::softmax(scores_bhss, 3);
-        let out_bhsk = probs_bhss.matmul(v_bhsk);
-        self.o_proj.forward(out_bhsk.swap_dims(1, 2).reshape([b, s, h * k]))
+        let out_bshk = kernels_cubecl::causal_attention(q_bshk, k_bsgk, v_bsgk, 1.0 / (k as f32).sqrt());
+        self.o_proj.forward(out_bshk.reshape([b, s, h * k]))
     }
 }

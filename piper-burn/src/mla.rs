@@ -85,12 +85,12 @@ impl MlaConfig {
 impl Mla {
     /// Rotary embedding; interleaved dims (x0, x1, x2, x3, …) are first regrouped to halves
     /// (x0, x2, …, x1, x3, …), as transformers' `apply_rotary_pos_emb_interleave`.
-    fn rotate(&self, x_bhsr: Tensor<4>) -> Tensor<4> {
+    fn rotate(&self, x_bshr: Tensor<4>) -> Tensor<4> {
         let x = if self.rope_interleave {
-            let [b, h, s, r] = x_bhsr.dims();
-            x_bhsr.reshape([b, h, s, r / 2, 2]).swap_dims(3, 4).reshape([b, h, s, r])
+            let [b, s, h, r] = x_bshr.dims();
+            x_bshr.reshape([b, s, h, r / 2, 2]).swap_dims(3, 4).reshape([b, s, h, r])
         } else {
-            x_bhsr
+            x_bshr
         };
         self.rope.forward(x)
     }
@@ -105,22 +105,18 @@ impl Mla {
             (None, Some(a), Some(norm), Some(bp)) => bp.forward(norm.forward(a.forward(x_bsd.clone()))),
             _ => unreachable!("set at init"),
         };
-        let q_bhsk = q_bsx.reshape([b, s, h, n + r]).swap_dims(1, 2);
-        let q_nope = q_bhsk.clone().narrow(3, 0, n);
-        let q_rope = self.rotate(q_bhsk.narrow(3, n, r));
+        let q_bshx = q_bsx.reshape([b, s, h, n + r]);
+        let q_nope = q_bshx.clone().narrow(3, 0, n);
+        let q_rope = self.rotate(q_bshx.narrow(3, n, r));
         let ckv_bsx = self.kv_a_proj.forward(x_bsd);
         let latent_bsc = ckv_bsx.clone().narrow(2, 0, self.kv_lora_rank);
-        let k_rope_b1sr = self.rotate(ckv_bsx.narrow(2, self.kv_lora_rank, r).reshape([b, 1, s, r]));
-        let kv_bhsx =
-            self.kv_b_proj.forward(self.kv_a_norm.forward(latent_bsc)).reshape([b, s, h, n + v]).swap_dims(1, 2);
-        let k_nope = kv_bhsx.clone().narrow(3, 0, n);
-        let v_bhsv = kv_bhsx.narrow(3, n, v);
+        let k_rope_bs1r = self.rotate(ckv_bsx.narrow(2, self.kv_lora_rank, r).reshape([b, s, 1, r]));
+        let kv_bshx = self.kv_b_proj.forward(self.kv_a_norm.forward(latent_bsc)).reshape([b, s, h, n + v]);
+        let k_nope = kv_bshx.clone().narrow(3, 0, n);
+        let v_bshv = kv_bshx.narrow(3, n, v);
         let q = Tensor::cat(vec![q_nope, q_rope], 3);
-        let k = Tensor::cat(vec![k_nope, k_rope_b1sr.expand([b, h, s, r])], 3);
-        let scores_bhss = q.matmul(k.swap_dims(2, 3)) / ((n + r) as f64).sqrt();
-        let future_ss = Tensor::<2, Bool>::tril_mask([s, s], 0, &scores_bhss.device());
-        let scores_bhss = scores_bhss.mask_fill(future_ss.unsqueeze::<4>().expand([b, h, s, s]), f32::NEG_INFINITY);
-        let out_bhsv = burn::tensor::activation::softmax(scores_bhss, 3).matmul(v_bhsv);
-        self.o_proj.forward(out_bhsv.swap_dims(1, 2).reshape([b, s, h * v]))
+        let k = Tensor::cat(vec![k_nope, k_rope_bs1r.expand([b, s, h, r])], 3);
+        let out_bshv = kernels_cubecl::causal_attention(q, k, v_bshv, 1.0 / ((n + r) as f32).sqrt());
+        self.o_proj.forward(out_bshv.reshape([b, s, h * v]))
     }
 }

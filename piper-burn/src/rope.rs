@@ -1,7 +1,7 @@
 //! Rotary position embedding in the Hugging Face convention (`rotate_half`: the first and second halves
 //! of each head are the two coordinates of a pair).
 //!
-//! Legend: b = batch, h = heads, s = sequence, k = head dim (`x_bhsk`).
+//! Legend: b = batch, s = sequence, h = heads, k = head dim (`x_bshk`).
 
 use burn::prelude::*;
 
@@ -42,18 +42,14 @@ impl RotaryEmbedding {
         (emb_sk.clone().cos(), emb_sk.sin())
     }
 
-    /// Rotates queries or keys.
+    /// Rotates queries or keys (one fused pass: [`kernels_cubecl::rotary`]).
     ///
     /// # Shapes
-    /// - `x_bhsk`: `[b, h, s, k]` → `[b, h, s, k]`
-    pub fn forward(&self, x_bhsk: Tensor<4>) -> Tensor<4> {
-        let [_, _, s, k] = x_bhsk.dims();
-        let (cos_sk, sin_sk) = self.tables(s, &x_bhsk.device());
-        let half = k / 2;
-        let x1 = x_bhsk.clone().narrow(3, 0, half);
-        let x2 = x_bhsk.clone().narrow(3, half, half);
-        let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-        x_bhsk * cos_sk.unsqueeze::<4>() + rotated * sin_sk.unsqueeze::<4>()
+    /// - `x_bshk`: `[b, s, h, k]` → `[b, s, h, k]`
+    pub fn forward(&self, x_bshk: Tensor<4>) -> Tensor<4> {
+        let s = x_bshk.dims()[1];
+        let (cos_sk, sin_sk) = self.tables(s, &x_bshk.device());
+        kernels_cubecl::rotary(x_bshk, cos_sk, sin_sk)
     }
 }
 
@@ -65,15 +61,15 @@ mod tests {
     fn rotation_preserves_norms_and_is_identity_at_position_zero() {
         let device = Device::flex();
         let rope = RotaryEmbeddingConfig::new(8).init();
-        let x = Tensor::<4>::random([1, 2, 5, 8], burn::tensor::Distribution::Normal(0.0, 1.0), &device);
+        let x = Tensor::<4>::random([1, 5, 2, 8], burn::tensor::Distribution::Normal(0.0, 1.0), &device);
         let y = rope.forward(x.clone());
         let nx: Vec<f32> = x.clone().powi_scalar(2).sum_dim(3).into_data().try_to_vec().unwrap();
         let ny: Vec<f32> = y.clone().powi_scalar(2).sum_dim(3).into_data().try_to_vec().unwrap();
         for (a, b) in nx.iter().zip(&ny) {
             assert!((a - b).abs() < 1e-4 * a.max(1.0));
         }
-        let x0: Vec<f32> = x.narrow(2, 0, 1).into_data().try_to_vec().unwrap();
-        let y0: Vec<f32> = y.narrow(2, 0, 1).into_data().try_to_vec().unwrap();
+        let x0: Vec<f32> = x.narrow(1, 0, 1).into_data().try_to_vec().unwrap();
+        let y0: Vec<f32> = y.narrow(1, 0, 1).into_data().try_to_vec().unwrap();
         assert_eq!(x0, y0);
     }
 }

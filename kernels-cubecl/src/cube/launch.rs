@@ -166,6 +166,9 @@ fn grouped_weight_grad(a_pq: CubeTensor, b_pn: CubeTensor, offset_e: CubeTensor,
     out
 }
 
+/// The fused dense operations run their generic definitions (Burn's own kernels) on the Cube backend.
+impl crate::fused::FusedBackend for CubeBackend {}
+
 impl MoeBackend for CubeBackend {
     fn grouped_swiglu_forward(
         x_pd: FloatTensor<Self>,

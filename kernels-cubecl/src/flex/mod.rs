@@ -1,9 +1,11 @@
 //! The MoE operations on Flex (CPU): the grouped expert GEMMs call the `gemm` crate directly on each
-//! expert's rows and weights in place — transposes are strides, `dX = dG·Wgᵀ + dU·Wuᵀ` accumulates into
+//! expert's rows and weights in place, as independent single-threaded tasks per block of rows
+//! ([`grouped_tasks`]) — transposes are strides, `dX = dG·Wgᵀ + dU·Wuᵀ` accumulates into
 //! one buffer, every output is written once into its final tensor (no slices, concatenations or
 //! zero-filled gradients) — and SwiGLU with its backward is one fused, multi-threaded pass over the rows
 //! instead of the ~4 (forward) and ~11 (backward) element-wise tensor ops of the generic definition;
-//! combine and the dispatch backward are one pass over rows each ([`rows`]). Other dtypes than f32
+//! combine and the dispatch backward are one pass over rows each ([`rows`]). The fused dense operations
+//! (attention, rotary embedding, cross-entropy) are in [`fused`]. Other dtypes than f32
 //! (and index tensors other than i64/i32) take the generic path of [`crate::backend`].
 //!
 //! Legend: p = rows (sorted by expert), d = model width, f = expert width, e = experts.
@@ -17,12 +19,16 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Shape, TensorData};
 use burn_flex::FlexTensor;
 
+mod attention;
 mod experts;
+mod fused;
+mod grouped_tasks;
 mod rows;
+pub(crate) mod simd;
 
 use crate::backend::{MoeBackend, generic};
 use crate::grouped::{grouped_backward, grouped_forward};
-use experts::{experts, gemm_rm, swiglu_backward_rows, swiglu_rows};
+use experts::{swiglu_backward_rows, swiglu_rows};
 
 impl MoeBackend for Flex {
     fn grouped_swiglu_forward(
@@ -37,19 +43,7 @@ impl MoeBackend for Flex {
         }
         let (p, d, f) = (x_pd.shape()[0], x_pd.shape()[1], w_gate_edf.shape()[2]);
         let (x, wg, wu, wd) = (f32s(&x_pd), f32s(&w_gate_edf), f32s(&w_up_edf), f32s(&w_down_efd));
-        let (mut g, mut u, mut h, mut y) = (vec![0f32; p * f], vec![0f32; p * f], vec![0f32; p * f], vec![0f32; p * d]);
-        for (e, r0, n) in experts(&counts_e) {
-            let xe = &x[r0 * d..(r0 + n) * d];
-            // G = X·Wg, U = X·Wu: [n, d] × [d, f].
-            gemm_rm(n, f, d, &mut g[r0 * f..(r0 + n) * f], false, xe, (d, 1), &wg[e * d * f..], (f, 1));
-            gemm_rm(n, f, d, &mut u[r0 * f..(r0 + n) * f], false, xe, (d, 1), &wu[e * d * f..], (f, 1));
-        }
-        swiglu_rows(&g, &u, &mut h, f);
-        for (e, r0, n) in experts(&counts_e) {
-            // Y = H·Wd: [n, f] × [f, d].
-            let he = &h[r0 * f..(r0 + n) * f];
-            gemm_rm(n, d, f, &mut y[r0 * d..(r0 + n) * d], false, he, (f, 1), &wd[e * f * d..], (d, 1));
-        }
+        let (y, g, u) = grouped_tasks::forward(&x, (&wg, &wu, &wd), &counts_e, d, f);
         (tensor(y, [p, d]), tensor(g, [p, f]), tensor(u, [p, f]))
     }
 
@@ -70,30 +64,7 @@ impl MoeBackend for Flex {
         let (p, d, f, ne) = (x_pd.shape()[0], x_pd.shape()[1], w_gate_edf.shape()[2], w_gate_edf.shape()[0]);
         let (dy, x, g, u) = (f32s(&dy_pd), f32s(&x_pd), f32s(&g_pf), f32s(&u_pf));
         let (wg, wu, wd) = (f32s(&w_gate_edf), f32s(&w_up_edf), f32s(&w_down_efd));
-        let mut dh = vec![0f32; p * f];
-        for (e, r0, n) in experts(&counts_e) {
-            // dH = dY·Wdᵀ: [n, d] × [d, f]; Wd_e is [f, d] row-major, so its transpose has strides (1, d).
-            let dye = &dy[r0 * d..(r0 + n) * d];
-            gemm_rm(n, f, d, &mut dh[r0 * f..(r0 + n) * f], false, dye, (d, 1), &wd[e * f * d..], (1, d));
-        }
-        // dH becomes dG in place; dU and H are written beside it.
-        let (mut du, mut h) = (vec![0f32; p * f], vec![0f32; p * f]);
-        swiglu_backward_rows(&g, &u, &mut dh, &mut du, Some(&mut h), f);
-        let dg = dh;
-        let (mut dx, mut dwg, mut dwu, mut dwd) =
-            (vec![0f32; p * d], vec![0f32; ne * d * f], vec![0f32; ne * d * f], vec![0f32; ne * f * d]);
-        for (e, r0, n) in experts(&counts_e) {
-            let (xe, dye) = (&x[r0 * d..(r0 + n) * d], &dy[r0 * d..(r0 + n) * d]);
-            let (dge, due, he) = (&dg[r0 * f..(r0 + n) * f], &du[r0 * f..(r0 + n) * f], &h[r0 * f..(r0 + n) * f]);
-            // dX = dG·Wgᵀ + dU·Wuᵀ: [n, f] × [f, d], accumulated in one buffer.
-            let dxe = &mut dx[r0 * d..(r0 + n) * d];
-            gemm_rm(n, d, f, dxe, false, dge, (f, 1), &wg[e * d * f..], (1, f));
-            gemm_rm(n, d, f, dxe, true, due, (f, 1), &wu[e * d * f..], (1, f));
-            // dWg = Xᵀ·dG, dWu = Xᵀ·dU: [d, n] × [n, f]; dWd = Hᵀ·dY: [f, n] × [n, d].
-            gemm_rm(d, f, n, &mut dwg[e * d * f..(e + 1) * d * f], false, xe, (1, d), dge, (f, 1));
-            gemm_rm(d, f, n, &mut dwu[e * d * f..(e + 1) * d * f], false, xe, (1, d), due, (f, 1));
-            gemm_rm(f, d, n, &mut dwd[e * f * d..(e + 1) * f * d], false, he, (1, f), dye, (d, 1));
-        }
+        let (dx, dwg, dwu, dwd) = grouped_tasks::backward(&dy, &x, (&wg, &wu, &wd), (&g, &u), &counts_e, d, f);
         (tensor(dx, [p, d]), tensor(dwg, [ne, d, f]), tensor(dwu, [ne, d, f]), tensor(dwd, [ne, f, d]))
     }
 

@@ -1,0 +1,206 @@
+//! [`FusedBackend`] on Flex: causal attention ([`super::attention`]), rotary embedding and softmax
+//! cross-entropy as one pass each, f32 only (other dtypes take the generic definitions).
+//!
+//! Legend: see [`crate::fused`].
+
+use burn::backend::Flex;
+use burn::backend::TensorMetadata;
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::tensor::DType;
+use rayon::prelude::*;
+
+use super::attention::{self, Dims};
+use super::simd::{self, multiversion};
+use super::{f32s, indices, tensor};
+use crate::fused::{FusedBackend, generic};
+
+/// Rows per parallel task of the row-wise passes.
+const ROWS_PER_TASK: usize = 16;
+
+fn all_f32(ts: &[&FloatTensor<Flex>]) -> bool {
+    ts.iter().all(|t| t.dtype() == DType::F32)
+}
+
+fn dims4(t: &FloatTensor<Flex>) -> [usize; 4] {
+    let s = t.shape();
+    [s[0], s[1], s[2], s[3]]
+}
+
+/// The attention shape, when the three inputs agree (`None` sends the call to the generic path, which
+/// reports the mismatch as Burn does).
+fn attention_dims(q: &FloatTensor<Flex>, k: &FloatTensor<Flex>, v: &FloatTensor<Flex>) -> Option<Dims> {
+    if q.shape().num_dims() != 4 || k.shape().num_dims() != 4 || v.shape().num_dims() != 4 {
+        return None;
+    }
+    let ([b, s, h, c], [kb, ks, g, kc], [vb, vs, vg, e]) = (dims4(q), dims4(k), dims4(v));
+    let agree = (kb, ks, kc, vb, vs, vg) == (b, s, c, b, s, g) && g > 0 && h.is_multiple_of(g);
+    agree.then_some(Dims { b, s, h, g, c, e })
+}
+
+impl FusedBackend for Flex {
+    fn causal_attention(
+        q_bshc: FloatTensor<Self>,
+        k_bsgc: FloatTensor<Self>,
+        v_bsge: FloatTensor<Self>,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let Some(d) = attention_dims(&q_bshc, &k_bsgc, &v_bsge).filter(|_| all_f32(&[&q_bshc, &k_bsgc, &v_bsge]))
+        else {
+            return generic::attention_forward::<Self>(q_bshc, k_bsgc, v_bsge, scale);
+        };
+        let (o, lse) = attention::forward(&f32s(&q_bshc), &f32s(&k_bsgc), &f32s(&v_bsge), d, scale);
+        (tensor(o, [d.b, d.s, d.h, d.e]), tensor(lse, [d.b, d.h, d.s]))
+    }
+
+    fn causal_attention_backward(
+        do_bshe: FloatTensor<Self>,
+        q_bshc: FloatTensor<Self>,
+        k_bsgc: FloatTensor<Self>,
+        v_bsge: FloatTensor<Self>,
+        o_bshe: FloatTensor<Self>,
+        lse_bhs: FloatTensor<Self>,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let dims = attention_dims(&q_bshc, &k_bsgc, &v_bsge)
+            .filter(|d| do_bshe.shape() == o_bshe.shape() && o_bshe.shape().dims::<4>() == [d.b, d.s, d.h, d.e])
+            .filter(|_| all_f32(&[&do_bshe, &q_bshc, &k_bsgc, &v_bsge, &o_bshe, &lse_bhs]));
+        let Some(d) = dims else {
+            return generic::attention_backward::<Self>(do_bshe, q_bshc, k_bsgc, v_bsge, o_bshe, lse_bhs, scale);
+        };
+        let (dq, dk, dv) = attention::backward(
+            &f32s(&do_bshe),
+            &f32s(&q_bshc),
+            &f32s(&k_bsgc),
+            &f32s(&v_bsge),
+            &f32s(&o_bshe),
+            &f32s(&lse_bhs),
+            d,
+            scale,
+        );
+        (tensor(dq, [d.b, d.s, d.h, d.c]), tensor(dk, [d.b, d.s, d.g, d.c]), tensor(dv, [d.b, d.s, d.g, d.e]))
+    }
+
+    fn rotary(x_bshk: FloatTensor<Self>, cos_sk: FloatTensor<Self>, sin_sk: FloatTensor<Self>) -> FloatTensor<Self> {
+        let shape = x_bshk.shape();
+        let fits = shape.num_dims() == 4
+            && shape[3].is_multiple_of(2)
+            && cos_sk.shape().dims::<2>() == [shape[1], shape[3]]
+            && sin_sk.shape() == cos_sk.shape();
+        if !fits || !all_f32(&[&x_bshk, &cos_sk, &sin_sk]) {
+            return generic::rotary::<Self>(x_bshk, cos_sk, sin_sk);
+        }
+        let [_, s, h, k] = dims4(&x_bshk);
+        let (x, cos, sin) = (f32s(&x_bshk), f32s(&cos_sk), f32s(&sin_sk));
+        let mut y = vec![0f32; x.len()];
+        // One task per (batch, position): its h heads share the position's table row.
+        y.par_chunks_mut((h * k).max(1)).zip(x.par_chunks((h * k).max(1))).enumerate().for_each(|(row, (y, x))| {
+            let pos = row % s;
+            rotate(x, y, &cos[pos * k..(pos + 1) * k], &sin[pos * k..(pos + 1) * k]);
+        });
+        tensor(y, shape.dims::<4>())
+    }
+
+    fn cross_entropy(
+        logits_nv: FloatTensor<Self>,
+        targets_n: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let shape = logits_nv.shape();
+        let targets =
+            (shape.num_dims() == 2 && logits_nv.dtype() == DType::F32 && targets_n.shape().dims::<1>()[0] == shape[0])
+                .then(|| indices(&targets_n))
+                .flatten();
+        let Some(targets) = targets else {
+            return generic::cross_entropy::<Self>(logits_nv, targets_n);
+        };
+        let (n, v) = (shape[0], shape[1]);
+        let logits = f32s(&logits_nv);
+        let (mut loss, mut lse) = (vec![0f32; n], vec![0f32; n]);
+        loss.par_chunks_mut(ROWS_PER_TASK).zip(lse.par_chunks_mut(ROWS_PER_TASK)).enumerate().for_each(
+            |(task, (loss, lse))| {
+                for (i, (loss, lse)) in loss.iter_mut().zip(lse.iter_mut()).enumerate() {
+                    let r = task * ROWS_PER_TASK + i;
+                    let row = &logits[r * v..(r + 1) * v];
+                    *lse = log_sum_exp(row);
+                    *loss = row.get(targets[r]).map_or(f32::NAN, |&x| *lse - x);
+                }
+            },
+        );
+        (tensor(loss, [n]), tensor(lse, [n]))
+    }
+
+    fn cross_entropy_backward(
+        logits_nv: FloatTensor<Self>,
+        targets_n: IntTensor<Self>,
+        lse_n: FloatTensor<Self>,
+        dloss_n: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let shape = logits_nv.shape();
+        let fits = shape.num_dims() == 2 && all_f32(&[&logits_nv, &lse_n, &dloss_n]);
+        let targets = fits.then(|| indices(&targets_n)).flatten().filter(|t| t.len() == shape[0]);
+        let Some(targets) = targets else {
+            return generic::cross_entropy_backward::<Self>(logits_nv, targets_n, lse_n, dloss_n);
+        };
+        let v = shape[1];
+        let (logits, lse, dloss) = (f32s(&logits_nv), f32s(&lse_n), f32s(&dloss_n));
+        let mut dlogits = vec![0f32; logits.len()];
+        dlogits.par_chunks_mut((ROWS_PER_TASK * v).max(1)).enumerate().for_each(|(task, out)| {
+            for (i, out) in out.chunks_mut(v.max(1)).enumerate() {
+                let r = task * ROWS_PER_TASK + i;
+                softmax_times(&logits[r * v..(r + 1) * v], lse[r], dloss[r], out);
+                if let Some(x) = out.get_mut(targets[r]) {
+                    *x -= dloss[r];
+                }
+            }
+        });
+        tensor(dlogits, [shape[0], v])
+    }
+}
+
+multiversion! {
+    /// `y = x · cos + [−x2, x1] · sin` for each head of one position (`x`, `y`: h heads of width k).
+    fn rotate(x: &[f32], y: &mut [f32], cos: &[f32], sin: &[f32]) {
+        let k = cos.len();
+        let half = k / 2;
+        for (x, y) in x.chunks_exact(k).zip(y.chunks_exact_mut(k)) {
+            let (x1, x2) = x.split_at(half);
+            let (y1, y2) = y.split_at_mut(half);
+            for j in 0..half {
+                y1[j] = x1[j] * cos[j] - x2[j] * sin[j];
+                y2[j] = x2[j] * cos[half + j] + x1[j] * sin[half + j];
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// `log Σ_j e^row[j]`, max-subtracted; NaN if any element is NaN.
+    fn log_sum_exp(row: &[f32]) -> f32 {
+        let max = simd::max(row);
+        if max == f32::NEG_INFINITY || max.is_nan() {
+            return max;
+        }
+        // Eight partial sums keep the loop vectorised (a single f32 accumulator is a serial chain).
+        let mut acc = [0f32; 8];
+        let chunks = row.chunks_exact(8);
+        let rest = chunks.remainder();
+        for c in chunks {
+            for l in 0..8 {
+                acc[l] += simd::exp(c[l] - max);
+            }
+        }
+        let mut sum: f32 = acc.iter().sum();
+        for &x in rest {
+            sum += simd::exp(x - max);
+        }
+        max + sum.ln()
+    }
+}
+
+multiversion! {
+    /// `out[j] = e^(x[j] − lse) · scale`.
+    fn softmax_times(x: &[f32], lse: f32, scale: f32, out: &mut [f32]) {
+        for (o, &x) in out.iter_mut().zip(x) {
+            *o = simd::exp(x - lse) * scale;
+        }
+    }
+}

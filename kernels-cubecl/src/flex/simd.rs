@@ -1,0 +1,143 @@
+//! Vectorised element-wise math for the host kernels: `exp` as straight-line arithmetic (no calls, no
+//! branches) that LLVM vectorises, and [`multiversion!`] to compile a kernel's loop once more for AVX2 +
+//! FMA, picked at run time — the workspace builds for baseline x86-64, where these loops would stay
+//! four-wide SSE2 and `f32::exp` a scalar libm call (7% of a training step's profile before).
+
+/// Defines `fn $name(args) -> ret` whose body is compiled twice: as written, and (on x86-64) with AVX2
+/// and FMA enabled, the latter chosen when the CPU has both.
+macro_rules! multiversion {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn imp($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    imp($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU has the features `avx2` was compiled for.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            imp($($arg),*)
+        }
+    };
+}
+pub(crate) use multiversion;
+
+/// `e^x` for f32, within 2 ulp of the correctly rounded value on `[-87.3, 88.7]` (Cephes' `expf`:
+/// `x = n·ln 2 + r`, a degree-6 polynomial in `r`, `2^n` through the exponent bits); 0 below that
+/// range, +∞ above, NaN for NaN.
+#[inline(always)]
+pub(crate) fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split in two so that n · C1 is exact.
+    const C1: f32 = 0.693_359_4;
+    const C2: f32 = -2.121_944_4e-4;
+    // Adding 1.5 · 2^23 rounds to an integer held in the low mantissa bits.
+    const ROUND: f32 = 12_582_912.0;
+    const HI: f32 = 88.72;
+    const LO: f32 = -87.33;
+    let xc = x.clamp(LO, HI);
+    let t = xc.mul_add(LOG2E, ROUND);
+    let n = t - ROUND;
+    let n_i = t.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
+    let r = n.mul_add(-C2, n.mul_add(-C1, xc));
+    let mut p = 1.987_569_1e-4f32;
+    p = p.mul_add(r, 1.398_2e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 0.166_666_65);
+    p = p.mul_add(r, 0.5);
+    let y = p.mul_add(r * r, r) + 1.0;
+    // 2^n: n ∈ [-126, 128]; 2^128 is built as 2 · 2^127 so that the top of the range stays finite.
+    let half_n = n_i >> 1;
+    let scale_a = f32::from_bits(((half_n + 127) as u32) << 23);
+    let scale_b = f32::from_bits(((n_i - half_n + 127) as u32) << 23);
+    let out = y * scale_a * scale_b;
+    if x > HI {
+        f32::INFINITY
+    } else if x < LO {
+        0.0
+    } else {
+        out
+    }
+}
+
+/// The largest element; NaN if any element is NaN, −∞ for an empty slice. Eight lanes, so that the
+/// loop vectorises (a single running maximum is a serial chain).
+#[inline(always)]
+pub(crate) fn max(xs: &[f32]) -> f32 {
+    let pick = |m: f32, x: f32| if x > m || x.is_nan() { x } else { m };
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let chunks = xs.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for l in 0..8 {
+            acc[l] = pick(acc[l], c[l]);
+        }
+    }
+    acc.iter().chain(rest).fold(f32::NEG_INFINITY, |m, &x| pick(m, x))
+}
+
+/// The sum of the elements in eight lanes (vectorises; rounding differs from a serial sum).
+#[inline(always)]
+pub(crate) fn sum(xs: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = xs.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for l in 0..8 {
+            acc[l] += c[l];
+        }
+    }
+    acc.iter().sum::<f32>() + rest.iter().sum::<f32>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against the standard library's `f64` exponential over the whole finite range, in ulps.
+    #[test]
+    fn exp_is_within_two_ulp_of_libm() {
+        let mut worst = 0f64;
+        let mut x = -87.3f32;
+        while x < 88.7 {
+            let want = (x as f64).exp();
+            let got = exp(x) as f64;
+            let ulp = (want as f32).next_up() as f64 - want as f32 as f64;
+            let err = (got - want).abs() / ulp;
+            assert!(err.is_finite(), "exp({x}) = {got}, want {want}");
+            worst = worst.max(err);
+            x += 0.000_731;
+        }
+        assert!(worst <= 2.0, "worst error {worst} ulp");
+        assert_eq!(exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn max_and_sum_match_the_serial_ones_and_keep_nan() {
+        let xs: Vec<f32> = (0..37).map(|i| ((i * 7919) % 101) as f32 - 50.0).collect();
+        assert_eq!(max(&xs), xs.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+        assert_eq!(sum(&xs), xs.iter().sum::<f32>());
+        assert_eq!(max(&[]), f32::NEG_INFINITY);
+        for at in [0, 5, 36] {
+            let mut with_nan = xs.clone();
+            with_nan[at] = f32::NAN;
+            assert!(max(&with_nan).is_nan(), "NaN at {at}");
+        }
+    }
+
+    #[test]
+    fn exp_saturates_and_keeps_nan() {
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-200.0), 0.0);
+        assert_eq!(exp(100.0), f32::INFINITY);
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        assert!(exp(f32::NAN).is_nan());
+    }
+}

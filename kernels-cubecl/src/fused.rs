@@ -1,0 +1,273 @@
+//! The dense parts of a decoder step as fused Burn backend-extension operations: causal attention
+//! (with grouped-query heads), rotary embedding and softmax cross-entropy, each forward and backward.
+//! Each default body is the plain definition on Burn's primitive ops — what the Cube backend and NdArray
+//! run; Flex overrides them with one host kernel each ([`crate::flex`]); `Autodiff` adds the
+//! hand-written backward passes ([`crate::fused_autodiff`]).
+//!
+//! Attention keeps no `s × s` tensor between forward and backward: the forward saves the log-sum-exp
+//! of each query row and the backward recomputes the probabilities from it (as FlashAttention does).
+//!
+//! Legend: b = batch, s = sequence, h = query heads, g = key/value heads (h a multiple of g), c = query
+//! and key head width, e = value head width, k = rotary head width, n = rows, v = vocabulary.
+
+#![cfg_attr(feature = "ndarray", allow(deprecated))]
+
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Backend, Dispatch, TensorMetadata, backend_extension};
+use burn::tensor::{IndexingUpdateOp, Shape, Slice, TensorData};
+
+/// Causal softmax attention with grouped-query heads (query head j reads key/value head `j / (h / g)`),
+/// scores scaled by `scale`.
+///
+/// # Shapes
+/// - `q_bshc` `[b, s, h, c]`, `k_bsgc` `[b, s, g, c]`, `v_bsge` `[b, s, g, e]` → `[b, s, h, e]`
+///
+/// # Panics
+/// If the batch, sequence or head widths disagree or `g` does not divide `h`.
+pub fn causal_attention(
+    q_bshc: burn::Tensor<4>,
+    k_bsgc: burn::Tensor<4>,
+    v_bsge: burn::Tensor<4>,
+    scale: f32,
+) -> burn::Tensor<4> {
+    let ([b, s, h, c], [kb, ks, g, kc], [vb, vs, vg, _]) = (q_bshc.dims(), k_bsgc.dims(), v_bsge.dims());
+    assert!(
+        [kb, ks, kc, vb, vs, vg] == [b, s, c, b, s, g] && g > 0 && h.is_multiple_of(g),
+        "causal_attention: q {:?}, k {:?} and v {:?} must be [b, s, h, c], [b, s, g, c], [b, s, g, e] with g dividing h",
+        q_bshc.dims(),
+        k_bsgc.dims(),
+        v_bsge.dims()
+    );
+    let (o, _lse) =
+        Dispatch::causal_attention(q_bshc.into_dispatch(), k_bsgc.into_dispatch(), v_bsge.into_dispatch(), scale);
+    burn::Tensor::from_dispatch(o)
+}
+
+/// Rotary embedding (`rotate_half` convention) of `x_bshk` with per-position tables.
+///
+/// # Shapes
+/// - `x_bshk` `[b, s, h, k]`, `cos_sk`/`sin_sk` `[s, k]` → `[b, s, h, k]`
+///
+/// # Panics
+/// If `k` is odd or the tables are not `[s, k]`.
+pub fn rotary(x_bshk: burn::Tensor<4>, cos_sk: burn::Tensor<2>, sin_sk: burn::Tensor<2>) -> burn::Tensor<4> {
+    let [_, s, _, k] = x_bshk.dims();
+    assert!(k.is_multiple_of(2), "rotary: the head width {k} must be even");
+    assert!(
+        cos_sk.dims() == [s, k] && sin_sk.dims() == [s, k],
+        "rotary: cos {:?} and sin {:?} must be [s, k] = [{s}, {k}]",
+        cos_sk.dims(),
+        sin_sk.dims()
+    );
+    burn::Tensor::from_dispatch(Dispatch::rotary(
+        x_bshk.into_dispatch(),
+        cos_sk.into_dispatch(),
+        sin_sk.into_dispatch(),
+    ))
+}
+
+/// Softmax cross-entropy of each row of `logits_nv` against its target: `logsumexp(row) − row[target]`;
+/// NaN for a target outside `0..v`.
+///
+/// # Shapes
+/// - `logits_nv` `[n, v]`, `targets_n` `[n]` → `[n]`
+///
+/// # Panics
+/// If `targets_n` does not have one target per row.
+pub fn cross_entropy(logits_nv: burn::Tensor<2>, targets_n: burn::Tensor<1, burn::tensor::Int>) -> burn::Tensor<1> {
+    let n = logits_nv.dims()[0];
+    assert_eq!(targets_n.dims(), [n], "cross_entropy: one target per row of the [{n}, v] logits");
+    let (loss, _lse) = Dispatch::cross_entropy(logits_nv.into_dispatch(), targets_n.into_dispatch());
+    burn::Tensor::from_dispatch(loss)
+}
+
+/// The fused dense operations a backend provides.
+#[backend_extension(Autodiff, Cube: cfg(feature = "cube-runtime"), Flex, NdArray: cfg(feature = "ndarray"))]
+pub trait FusedBackend: burn::backend::Backend {
+    /// Causal softmax attention: query i of head j attends keys 0..=i of key/value head `j / (h / g)`,
+    /// scores scaled by `scale`. `q_bshc` `[b, s, h, c]`, `k_bsgc` `[b, s, g, c]`, `v_bsge` `[b, s, g, e]`
+    /// → `(o_bshe [b, s, h, e], lse_bhs [b, h, s])`, the log-sum-exp of each row's scaled scores.
+    fn causal_attention(
+        q_bshc: FloatTensor<Self>,
+        k_bsgc: FloatTensor<Self>,
+        v_bsge: FloatTensor<Self>,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        generic::attention_forward::<Self>(q_bshc, k_bsgc, v_bsge, scale)
+    }
+
+    /// Backward of [`Self::causal_attention`] from `do_bshe`: `(dq, dk, dv)`.
+    #[allow(clippy::too_many_arguments)]
+    fn causal_attention_backward(
+        do_bshe: FloatTensor<Self>,
+        q_bshc: FloatTensor<Self>,
+        k_bsgc: FloatTensor<Self>,
+        v_bsge: FloatTensor<Self>,
+        o_bshe: FloatTensor<Self>,
+        lse_bhs: FloatTensor<Self>,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        generic::attention_backward::<Self>(do_bshe, q_bshc, k_bsgc, v_bsge, o_bshe, lse_bhs, scale)
+    }
+
+    /// Rotary embedding in the `rotate_half` convention: with `x = [x1, x2]` (the halves of the last
+    /// dim), `x · cos + [−x2, x1] · sin`. `x_bshk` `[b, s, h, k]`, `cos_sk`/`sin_sk` `[s, k]`. Its backward
+    /// is the same rotation with `−sin`.
+    fn rotary(x_bshk: FloatTensor<Self>, cos_sk: FloatTensor<Self>, sin_sk: FloatTensor<Self>) -> FloatTensor<Self> {
+        generic::rotary::<Self>(x_bshk, cos_sk, sin_sk)
+    }
+
+    /// Softmax cross-entropy of each row of `logits_nv` against `targets_n`: `(loss_n, lse_n)` with
+    /// `loss = lse − logit[target]`; a target outside `0..v` gives a NaN loss.
+    fn cross_entropy(
+        logits_nv: FloatTensor<Self>,
+        targets_n: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        generic::cross_entropy::<Self>(logits_nv, targets_n)
+    }
+
+    /// Backward of [`Self::cross_entropy`] from `dloss_n`: `dlogits = (softmax − onehot(target)) · dloss`.
+    fn cross_entropy_backward(
+        logits_nv: FloatTensor<Self>,
+        targets_n: IntTensor<Self>,
+        lse_n: FloatTensor<Self>,
+        dloss_n: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        generic::cross_entropy_backward::<Self>(logits_nv, targets_n, lse_n, dloss_n)
+    }
+}
+
+#[cfg(feature = "ndarray")]
+impl FusedBackend for burn::backend::NdArray {}
+
+/// The definitions on Burn's primitive ops.
+pub(crate) mod generic {
+    use super::*;
+
+    fn dims4<B: Backend>(t: &FloatTensor<B>) -> [usize; 4] {
+        let s = t.shape();
+        [s[0], s[1], s[2], s[3]]
+    }
+
+    /// `[b, s, g, w]` → `[b, h, s, w]` with key/value head `j / (h / g)` for query head j.
+    fn heads_repeated<B: Backend>(x_bsgw: FloatTensor<B>, h: usize) -> FloatTensor<B> {
+        let [b, s, g, w] = dims4::<B>(&x_bsgw);
+        let x_bgsw = B::float_swap_dims(x_bsgw, 1, 2);
+        let x = B::float_expand(B::float_reshape(x_bgsw, Shape::new([b, g, 1, s, w])), Shape::new([b, g, h / g, s, w]));
+        B::float_reshape(x, Shape::new([b, h, s, w]))
+    }
+
+    /// `[b, h, s, w]` summed over the query heads of each key/value head → `[b, s, g, w]`.
+    fn heads_reduced<B: Backend>(x_bhsw: FloatTensor<B>, g: usize) -> FloatTensor<B> {
+        let [b, h, s, w] = dims4::<B>(&x_bhsw);
+        let x = B::float_sum_dim(B::float_reshape(x_bhsw, Shape::new([b, g, h / g, s, w])), 2);
+        B::float_swap_dims(B::float_reshape(x, Shape::new([b, g, s, w])), 1, 2)
+    }
+
+    /// `0` on and below the diagonal, `−∞` above, `[1, 1, s, s]`.
+    fn causal_bias<B: Backend>(s: usize, like: &FloatTensor<B>) -> FloatTensor<B> {
+        let bias: Vec<f32> = (0..s * s).map(|i| if i % s > i / s { f32::NEG_INFINITY } else { 0.0 }).collect();
+        let t = B::float_from_data(TensorData::new(bias, [1, 1, s, s]), &like.device());
+        B::float_cast(t, like.dtype().into())
+    }
+
+    /// Scaled, masked scores `[b, h, s, s]` of queries `[b, h, s, c]` against keys `[b, h, s, c]`.
+    fn scores<B: Backend>(q_bhsc: FloatTensor<B>, k_bhsc: FloatTensor<B>, scale: f32) -> FloatTensor<B> {
+        let s = q_bhsc.shape()[2];
+        let raw = B::float_matmul(q_bhsc, B::float_swap_dims(k_bhsc, 2, 3));
+        let scaled = B::float_mul_scalar(raw, scale.into());
+        let bias = causal_bias::<B>(s, &scaled);
+        B::float_add(scaled, bias)
+    }
+
+    pub(crate) fn attention_forward<B: Backend>(
+        q_bshc: FloatTensor<B>,
+        k_bsgc: FloatTensor<B>,
+        v_bsge: FloatTensor<B>,
+        scale: f32,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        let [b, s, h, _] = dims4::<B>(&q_bshc);
+        let q_bhsc = B::float_swap_dims(q_bshc, 1, 2);
+        let scores_bhss = scores::<B>(q_bhsc, heads_repeated::<B>(k_bsgc, h), scale);
+        let max_bhs1 = B::float_max_dim(scores_bhss.clone(), 3);
+        let exp_bhss = B::float_exp(B::float_sub(scores_bhss, max_bhs1.clone()));
+        let sum_bhs1 = B::float_sum_dim(exp_bhss.clone(), 3);
+        let lse_bhs1 = B::float_add(max_bhs1, B::float_log(sum_bhs1.clone()));
+        let probs_bhss = B::float_div(exp_bhss, sum_bhs1);
+        let o_bhse = B::float_matmul(probs_bhss, heads_repeated::<B>(v_bsge, h));
+        (B::float_swap_dims(o_bhse, 1, 2), B::float_reshape(lse_bhs1, Shape::new([b, h, s])))
+    }
+
+    pub(crate) fn attention_backward<B: Backend>(
+        do_bshe: FloatTensor<B>,
+        q_bshc: FloatTensor<B>,
+        k_bsgc: FloatTensor<B>,
+        v_bsge: FloatTensor<B>,
+        o_bshe: FloatTensor<B>,
+        lse_bhs: FloatTensor<B>,
+        scale: f32,
+    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+        let [b, s, h, _] = dims4::<B>(&q_bshc);
+        let g = k_bsgc.shape()[2];
+        let q_bhsc = B::float_swap_dims(q_bshc, 1, 2);
+        let k_bhsc = heads_repeated::<B>(k_bsgc, h);
+        let v_bhse = heads_repeated::<B>(v_bsge, h);
+        let do_bhse = B::float_swap_dims(do_bshe, 1, 2);
+        let lse_bhs1 = B::float_reshape(lse_bhs, Shape::new([b, h, s, 1]));
+        let probs_bhss = B::float_exp(B::float_sub(scores::<B>(q_bhsc.clone(), k_bhsc.clone(), scale), lse_bhs1));
+        let dv_bhse = B::float_matmul(B::float_swap_dims(probs_bhss.clone(), 2, 3), do_bhse.clone());
+        let dp_bhss = B::float_matmul(do_bhse.clone(), B::float_swap_dims(v_bhse, 2, 3));
+        // Σ_j P_ij dP_ij = ⟨dO_i, O_i⟩.
+        let delta_bhs1 = B::float_sum_dim(B::float_mul(do_bhse, B::float_swap_dims(o_bshe, 1, 2)), 3);
+        let ds_bhss = B::float_mul_scalar(B::float_mul(probs_bhss, B::float_sub(dp_bhss, delta_bhs1)), scale.into());
+        let dq_bhsc = B::float_matmul(ds_bhss.clone(), k_bhsc);
+        let dk_bhsc = B::float_matmul(B::float_swap_dims(ds_bhss, 2, 3), q_bhsc);
+        (B::float_swap_dims(dq_bhsc, 1, 2), heads_reduced::<B>(dk_bhsc, g), heads_reduced::<B>(dv_bhse, g))
+    }
+
+    pub(crate) fn rotary<B: Backend>(
+        x_bshk: FloatTensor<B>,
+        cos_sk: FloatTensor<B>,
+        sin_sk: FloatTensor<B>,
+    ) -> FloatTensor<B> {
+        let [b, s, h, k] = dims4::<B>(&x_bshk);
+        let half = k / 2;
+        let part =
+            |r: std::ops::Range<usize>| [Slice::from(0..b), Slice::from(0..s), Slice::from(0..h), Slice::from(r)];
+        let x1 = B::float_slice(x_bshk.clone(), &part(0..half));
+        let x2 = B::float_slice(x_bshk.clone(), &part(half..k));
+        let rotated = B::float_cat(vec![B::float_neg(x2), x1], 3);
+        let table = |t: FloatTensor<B>| B::float_reshape(t, Shape::new([1, s, 1, k]));
+        B::float_add(B::float_mul(x_bshk, table(cos_sk)), B::float_mul(rotated, table(sin_sk)))
+    }
+
+    pub(crate) fn cross_entropy<B: Backend>(
+        logits_nv: FloatTensor<B>,
+        targets_n: IntTensor<B>,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        let n = logits_nv.shape()[0];
+        let max_n1 = B::float_max_dim(logits_nv.clone(), 1);
+        let sum_n1 = B::float_sum_dim(B::float_exp(B::float_sub(logits_nv.clone(), max_n1.clone())), 1);
+        let lse_n1 = B::float_add(max_n1, B::float_log(sum_n1));
+        let picked_n1 = B::float_gather(1, logits_nv, B::int_reshape(targets_n, Shape::new([n, 1])));
+        let loss_n = B::float_reshape(B::float_sub(lse_n1.clone(), picked_n1), Shape::new([n]));
+        (loss_n, B::float_reshape(lse_n1, Shape::new([n])))
+    }
+
+    pub(crate) fn cross_entropy_backward<B: Backend>(
+        logits_nv: FloatTensor<B>,
+        targets_n: IntTensor<B>,
+        lse_n: FloatTensor<B>,
+        dloss_n: FloatTensor<B>,
+    ) -> FloatTensor<B> {
+        let n = logits_nv.shape()[0];
+        let probs_nv = B::float_exp(B::float_sub(logits_nv, B::float_reshape(lse_n, Shape::new([n, 1]))));
+        let dloss_n1 = B::float_reshape(dloss_n, Shape::new([n, 1]));
+        let dtype = probs_nv.dtype();
+        let ones_n1 = B::float_ones(Shape::new([n, 1]), &probs_nv.device(), dtype.into());
+        let zeros_nv = B::float_zeros(probs_nv.shape(), &probs_nv.device(), dtype.into());
+        let targets_n1 = B::int_reshape(targets_n, Shape::new([n, 1]));
+        let onehot_nv = B::float_scatter(1, zeros_nv, targets_n1, ones_n1, IndexingUpdateOp::Add);
+        B::float_mul(B::float_sub(probs_nv, onehot_nv), dloss_n1)
+    }
+}

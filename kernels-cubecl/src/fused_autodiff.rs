@@ -1,0 +1,116 @@
+//! `Autodiff` for the fused dense operations: each records what its backward needs and calls the inner
+//! backend's backward operation.
+//!
+//! Legend: see [`crate::fused`].
+
+use burn::backend::AutodiffBackend;
+use burn::backend::autodiff::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::tensor::{FloatTensor, IntTensor};
+
+use crate::fused::FusedBackend;
+
+#[derive(Debug)]
+struct AttentionBackward;
+
+/// What the attention backward reads: `(q, k, v, o, lse, scale)`.
+type AttentionState<B> = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, f32);
+
+impl<B: FusedBackend> Backward<B, 3> for AttentionBackward {
+    type State = AttentionState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_q, node_k, node_v] = ops.parents;
+        let do_bshe = grads.consume::<B>(&ops.node);
+        let (q, k, v, o, lse, scale) = ops.state;
+        let (dq, dk, dv) = B::causal_attention_backward(do_bshe, q, k, v, o, lse, scale);
+        for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RotaryBackward;
+
+impl<B: FusedBackend> Backward<B, 1> for RotaryBackward {
+    /// `(cos, sin)`.
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_x] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        let (cos, sin) = ops.state;
+        if let Some(node) = node_x {
+            // The transpose of a rotation by θ is the rotation by −θ.
+            grads.register::<B>(node.id, B::rotary(dy, cos, B::float_neg(sin)));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct CrossEntropyBackward;
+
+impl<B: FusedBackend> Backward<B, 1> for CrossEntropyBackward {
+    /// `(logits, targets, lse)`.
+    type State = (FloatTensor<B>, IntTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_logits] = ops.parents;
+        let dloss = grads.consume::<B>(&ops.node);
+        let (logits, targets, lse) = ops.state;
+        if let Some(node) = node_logits {
+            grads.register::<B>(node.id, B::cross_entropy_backward(logits, targets, lse, dloss));
+        }
+    }
+}
+
+impl<B: FusedBackend, C: CheckpointStrategy> FusedBackend for Autodiff<B, C> {
+    fn causal_attention(
+        q_bshc: FloatTensor<Self>,
+        k_bsgc: FloatTensor<Self>,
+        v_bsge: FloatTensor<Self>,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (q, q_node) = q_bshc.into_parts();
+        let (k, k_node) = k_bsgc.into_parts();
+        let (v, v_node) = v_bsge.into_parts();
+        let (o, lse) = B::causal_attention(q.clone(), k.clone(), v.clone(), scale);
+        let o = match AttentionBackward.prepare::<C>([q_node, k_node, v_node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((q, k, v, o.clone(), lse.clone(), scale), o),
+            OpsKind::UnTracked(prep) => prep.finish(o),
+        };
+        // The log-sum-exp is an output for the backward, not a differentiable one.
+        (o, Autodiff::<B, C>::from_inner(lse))
+    }
+
+    fn rotary(x_bshk: FloatTensor<Self>, cos_sk: FloatTensor<Self>, sin_sk: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (x, x_node) = x_bshk.into_parts();
+        let (cos, sin) = (cos_sk.into_primitive(), sin_sk.into_primitive());
+        match RotaryBackward.prepare::<C>([x_node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::rotary(x, cos.clone(), sin.clone());
+                prep.finish((cos, sin), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::rotary(x, cos, sin)),
+        }
+    }
+
+    fn cross_entropy(
+        logits_nv: FloatTensor<Self>,
+        targets_n: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (logits, node) = logits_nv.into_parts();
+        let (loss, lse) = B::cross_entropy(logits.clone(), targets_n.clone());
+        let loss = match CrossEntropyBackward.prepare::<C>([node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((logits, targets_n, lse.clone()), loss),
+            OpsKind::UnTracked(prep) => prep.finish(loss),
+        };
+        (loss, Autodiff::<B, C>::from_inner(lse))
+    }
+}
