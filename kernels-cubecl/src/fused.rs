@@ -81,6 +81,55 @@ pub fn cross_entropy(logits_nv: burn::Tensor<2>, targets_n: burn::Tensor<1, burn
     burn::Tensor::from_dispatch(loss)
 }
 
+/// The scalars of one AdamW step (PyTorch's `torch.optim.AdamW` rule).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWStep {
+    pub lr: f64,
+    pub beta_1: f64,
+    pub beta_2: f64,
+    pub epsilon: f64,
+    pub weight_decay: f64,
+    /// `1 − β₁ᵗ` and `1 − β₂ᵗ` at this step.
+    pub bias_1: f64,
+    pub bias_2: f64,
+    /// Multiplies the gradient first (the global-norm clipping factor; 1 without clipping).
+    pub grad_scale: f64,
+}
+
+/// One AdamW step on a flattened parameter, its gradient and moments: with `g = grad · grad_scale`,
+/// `m ← β₁m + (1 − β₁)g`, `v ← β₂v + (1 − β₂)g²`, `p ← p(1 − lr·wd) − lr·(m / bias₁) / (√(v / bias₂) + ε)`;
+/// returns `(p, m, v)`.
+///
+/// # Shapes
+/// - `param_n`, `grad_n`, `m_n`, `v_n`: `[n]` → three `[n]`
+///
+/// # Panics
+/// If the four lengths differ.
+pub fn adamw_step(
+    param_n: burn::Tensor<1>,
+    grad_n: burn::Tensor<1>,
+    m_n: burn::Tensor<1>,
+    v_n: burn::Tensor<1>,
+    step: AdamWStep,
+) -> (burn::Tensor<1>, burn::Tensor<1>, burn::Tensor<1>) {
+    let n = param_n.dims();
+    assert!(
+        grad_n.dims() == n && m_n.dims() == n && v_n.dims() == n,
+        "adamw_step: param {n:?}, grad {:?}, m {:?} and v {:?} must have one length",
+        grad_n.dims(),
+        m_n.dims(),
+        v_n.dims()
+    );
+    let (p, m, v) = Dispatch::adamw_step(
+        param_n.into_dispatch(),
+        grad_n.into_dispatch(),
+        m_n.into_dispatch(),
+        v_n.into_dispatch(),
+        step,
+    );
+    (burn::Tensor::from_dispatch(p), burn::Tensor::from_dispatch(m), burn::Tensor::from_dispatch(v))
+}
+
 /// The fused dense operations a backend provides.
 #[backend_extension(Autodiff, Cube: cfg(feature = "cube-runtime"), Flex, NdArray: cfg(feature = "ndarray"))]
 pub trait FusedBackend: burn::backend::Backend {
@@ -134,6 +183,18 @@ pub trait FusedBackend: burn::backend::Backend {
         dloss_n: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         generic::cross_entropy_backward::<Self>(logits_nv, targets_n, lse_n, dloss_n)
+    }
+
+    /// One AdamW step, see [`adamw_step`]: `(param, m, v)` after it. Not differentiable (the optimiser
+    /// runs outside the graph).
+    fn adamw_step(
+        param_n: FloatTensor<Self>,
+        grad_n: FloatTensor<Self>,
+        m_n: FloatTensor<Self>,
+        v_n: FloatTensor<Self>,
+        step: AdamWStep,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        generic::adamw_step::<Self>(param_n, grad_n, m_n, v_n, step)
     }
 }
 
@@ -269,5 +330,27 @@ pub(crate) mod generic {
         let targets_n1 = B::int_reshape(targets_n, Shape::new([n, 1]));
         let onehot_nv = B::float_scatter(1, zeros_nv, targets_n1, ones_n1, IndexingUpdateOp::Add);
         B::float_mul(B::float_sub(probs_nv, onehot_nv), dloss_n1)
+    }
+
+    pub(crate) fn adamw_step<B: Backend>(
+        p: FloatTensor<B>,
+        grad: FloatTensor<B>,
+        m: FloatTensor<B>,
+        v: FloatTensor<B>,
+        st: AdamWStep,
+    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+        let g = B::float_mul_scalar(grad, st.grad_scale.into());
+        let m = B::float_add(
+            B::float_mul_scalar(m, st.beta_1.into()),
+            B::float_mul_scalar(g.clone(), (1.0 - st.beta_1).into()),
+        );
+        let g2 = B::float_mul(g.clone(), g);
+        let v =
+            B::float_add(B::float_mul_scalar(v, st.beta_2.into()), B::float_mul_scalar(g2, (1.0 - st.beta_2).into()));
+        let denom =
+            B::float_add_scalar(B::float_sqrt(B::float_div_scalar(v.clone(), st.bias_2.into())), st.epsilon.into());
+        let update = B::float_div(B::float_div_scalar(m.clone(), st.bias_1.into()), denom);
+        let decayed = B::float_mul_scalar(p, (1.0 - st.lr * st.weight_decay).into());
+        (B::float_sub(decayed, B::float_mul_scalar(update, st.lr.into())), m, v)
     }
 }

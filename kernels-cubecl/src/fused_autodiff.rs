@@ -11,7 +11,7 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::{FloatTensor, IntTensor};
 
-use crate::fused::FusedBackend;
+use crate::fused::{AdamWStep, FusedBackend};
 
 #[derive(Debug)]
 struct AttentionBackward;
@@ -112,5 +112,17 @@ impl<B: FusedBackend, C: CheckpointStrategy> FusedBackend for Autodiff<B, C> {
             OpsKind::UnTracked(prep) => prep.finish(loss),
         };
         (loss, Autodiff::<B, C>::from_inner(lse))
+    }
+
+    fn adamw_step(
+        param_n: FloatTensor<Self>,
+        grad_n: FloatTensor<Self>,
+        m_n: FloatTensor<Self>,
+        v_n: FloatTensor<Self>,
+        step: AdamWStep,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let inner = |t: FloatTensor<Self>| t.into_primitive();
+        let (p, m, v) = B::adamw_step(inner(param_n), inner(grad_n), inner(m_n), inner(v_n), step);
+        (Autodiff::<B, C>::from_inner(p), Autodiff::<B, C>::from_inner(m), Autodiff::<B, C>::from_inner(v))
     }
 }

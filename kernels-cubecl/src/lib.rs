@@ -32,10 +32,10 @@ use burn::backend::Dispatch;
 use burn::prelude::*;
 
 pub use backend::MoeBackend;
-pub use fused::{FusedBackend, causal_attention, cross_entropy, rotary};
+pub use fused::{AdamWStep, FusedBackend, adamw_step, causal_attention, cross_entropy, rotary};
 pub use reference::{
-    causal_attention_reference, combine_rows_reference, cross_entropy_reference, grouped_swiglu_reference,
-    permute_rows_reference, rotary_reference, swiglu_reference, topk_softmax_reference,
+    adamw_step_reference, causal_attention_reference, combine_rows_reference, cross_entropy_reference,
+    grouped_swiglu_reference, permute_rows_reference, rotary_reference, swiglu_reference, topk_softmax_reference,
 };
 
 /// Where each permuted row comes from and goes back to: the `t · k` (token, slot) pairs in the

@@ -109,3 +109,18 @@ pub fn cross_entropy_reference(logits_nv: Tensor<2>, targets_n: Tensor<1, Int>) 
     let log_probs_nv = burn::tensor::activation::log_softmax(logits_nv, 1);
     log_probs_nv.gather(1, targets_n.reshape([n, 1])).reshape([n]).neg()
 }
+
+/// One AdamW step on tensor ops, PyTorch's rule: `(p, m, v)` after it (see [`crate::adamw_step`]).
+pub fn adamw_step_reference(
+    param_n: Tensor<1>,
+    grad_n: Tensor<1>,
+    m_n: Tensor<1>,
+    v_n: Tensor<1>,
+    st: crate::AdamWStep,
+) -> (Tensor<1>, Tensor<1>, Tensor<1>) {
+    let g = grad_n * st.grad_scale;
+    let m = m_n * st.beta_1 + g.clone() * (1.0 - st.beta_1);
+    let v = v_n * st.beta_2 + g.powi_scalar(2) * (1.0 - st.beta_2);
+    let update = (m.clone() / st.bias_1) / ((v.clone() / st.bias_2).sqrt() + st.epsilon);
+    (param_n * (1.0 - st.lr * st.weight_decay) - update * st.lr, m, v)
+}

@@ -235,7 +235,37 @@ fn cross_entropy_case(device: &Device, n: usize, v: usize) {
     close("cross-entropy grad logits", &fast.1, &reference.1);
 }
 
+fn adamw_case(device: &Device, n: usize) {
+    let (p, g, m) = (random([n], 1.0, 61), random([n], 0.1, 62), random([n], 0.01, 63));
+    let v = TensorData::new(values(Tensor::<1>::from_data(random([n], 1e-3, 64), &Device::flex()).abs()), [n]);
+    let step = AdamWStep {
+        lr: 3e-3,
+        beta_1: 0.9,
+        beta_2: 0.95,
+        epsilon: 1e-8,
+        weight_decay: 0.1,
+        bias_1: 1.0 - 0.9f64.powi(3),
+        bias_2: 1.0 - 0.95f64.powi(3),
+        grad_scale: 0.37,
+    };
+    let run = |dev: &Device, fast: bool| {
+        let t = |d: &TensorData| Tensor::<1>::from_data(d.clone(), dev);
+        let (p, m, v) = if fast {
+            adamw_step(t(&p), t(&g), t(&m), t(&v), step)
+        } else {
+            adamw_step_reference(t(&p), t(&g), t(&m), t(&v), step)
+        };
+        (values(p), values(m), values(v))
+    };
+    let (fast, reference) = (run(device, true), run(&Device::flex(), false));
+    close("adamw param", &fast.0, &reference.0);
+    close("adamw m", &fast.1, &reference.1);
+    close("adamw v", &fast.2, &reference.2);
+}
+
 fn all_cases(device: &Device) {
+    adamw_case(device, 5);
+    adamw_case(device, 40_000);
     // Query tiles of 32: one partial tile, several with a partial last one, grouped and plain heads,
     // value heads narrower than query/key heads (MLA).
     attention_case(device, [1, 5, 2, 2, 4, 4]);

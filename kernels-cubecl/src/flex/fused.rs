@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use super::attention::{self, Dims};
 use super::simd::{self, multiversion};
 use super::{f32s, indices, tensor};
-use crate::fused::{FusedBackend, generic};
+use crate::fused::{AdamWStep, FusedBackend, generic};
 
 /// Rows per parallel task of the row-wise passes.
 const ROWS_PER_TASK: usize = 16;
@@ -153,6 +153,49 @@ impl FusedBackend for Flex {
             }
         });
         tensor(dlogits, [shape[0], v])
+    }
+
+    fn adamw_step(
+        param_n: FloatTensor<Self>,
+        grad_n: FloatTensor<Self>,
+        m_n: FloatTensor<Self>,
+        v_n: FloatTensor<Self>,
+        step: AdamWStep,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let n = param_n.shape().num_elements();
+        let same = [&grad_n, &m_n, &v_n].iter().all(|t| t.shape().num_elements() == n);
+        if !same || !all_f32(&[&param_n, &grad_n, &m_n, &v_n]) {
+            return generic::adamw_step::<Self>(param_n, grad_n, m_n, v_n, step);
+        }
+        let shape = param_n.shape();
+        let (mut p, g) = (f32s(&param_n).into_owned(), f32s(&grad_n));
+        let (mut m, mut v) = (f32s(&m_n).into_owned(), f32s(&v_n).into_owned());
+        const CHUNK: usize = 1 << 14;
+        p.par_chunks_mut(CHUNK)
+            .zip(m.par_chunks_mut(CHUNK))
+            .zip(v.par_chunks_mut(CHUNK))
+            .zip(g.par_chunks(CHUNK))
+            .for_each(|(((p, m), v), g)| adamw_chunk(p, m, v, g, &step));
+        let t = |x: Vec<f32>| burn_flex::FlexTensor::from_data(burn::tensor::TensorData::new(x, shape.clone()));
+        (t(p), t(m), t(v))
+    }
+}
+
+multiversion! {
+    /// [`crate::adamw_step`] on one chunk, in f32 (as PyTorch's f32 AdamW; the scalars rounded once).
+    fn adamw_chunk(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], st: &AdamWStep) {
+        let (scale, b1, b2) = (st.grad_scale as f32, st.beta_1 as f32, st.beta_2 as f32);
+        let (inv_bias_1, inv_bias_2) = ((1.0 / st.bias_1) as f32, (1.0 / st.bias_2) as f32);
+        let (lr, eps, decay) = (st.lr as f32, st.epsilon as f32, (1.0 - st.lr * st.weight_decay) as f32);
+        let n = p.len().min(m.len()).min(v.len()).min(g.len());
+        for i in 0..n {
+            let gi = g[i] * scale;
+            let mi = b1 * m[i] + (1.0 - b1) * gi;
+            let vi = b2 * v[i] + (1.0 - b2) * gi * gi;
+            m[i] = mi;
+            v[i] = vi;
+            p[i] = p[i] * decay - lr * (mi * inv_bias_1) / ((vi * inv_bias_2).sqrt() + eps);
+        }
     }
 }
 

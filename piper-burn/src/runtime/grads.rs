@@ -106,25 +106,19 @@ fn square_sum<const D: usize>(grads: &GradientsParams, id: ParamId, out: &mut f6
     Ok(())
 }
 
-fn scale<const D: usize>(grads: &mut GradientsParams, id: ParamId, factor: f64) -> Result<(), String> {
-    if let Some(g) = grads.remove::<D>(id) {
-        grads.register::<D>(id, g * factor);
-    }
-    Ok(())
-}
-
-/// Global gradient norm over the model's parameters on every rank, and clipping to `max_norm` (0: no
-/// clipping; the norm is still returned). After [`reduce_gradients`], a non-expert gradient is the same on
+/// Global gradient norm over the model's parameters on every rank, and the factor that clips it to
+/// `max_norm` (1 when `max_norm` is 0 or not exceeded): `(norm, factor)`. The optimiser multiplies the
+/// gradients by the factor in its own pass ([`super::optim::AdamW::step_scaled`]) instead of a pass here. After [`reduce_gradients`], a non-expert gradient is the same on
 /// the `dense_copies` ranks of its stage and an expert gradient on its `expert_copies` expert-data-parallel
 /// ranks: each rank adds its squares divided by the copies, so the sum over `world` counts each weight once.
 pub fn clip_global_norm(
-    grads: &mut GradientsParams,
+    grads: &GradientsParams,
     params: &[(ParamId, usize, bool)],
     max_norm: f64,
     world: &dyn Communicator,
     dense_copies: usize,
     expert_copies: usize,
-) -> Result<f64, String> {
+) -> Result<(f64, f64), String> {
     let (mut dense, mut expert) = (0.0f64, 0.0f64);
     for &(id, dims, is_expert) in params {
         by_rank!(dims, square_sum, grads, id, if is_expert { &mut expert } else { &mut dense })?;
@@ -135,12 +129,7 @@ pub fn clip_global_norm(
     if !norm.is_finite() {
         return Err(format!("the gradient norm is {norm}; lower --lr"));
     }
-    if max_norm > 0.0 && norm > max_norm {
-        // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6).
-        let factor = max_norm / (norm + 1e-6);
-        for &(id, dims, _) in params {
-            by_rank!(dims, scale, grads, id, factor)?;
-        }
-    }
-    Ok(norm)
+    // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm.
+    let factor = if max_norm > 0.0 && norm > max_norm { max_norm / (norm + 1e-6) } else { 1.0 };
+    Ok((norm, factor))
 }

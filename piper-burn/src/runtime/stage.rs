@@ -82,6 +82,8 @@ pub(crate) struct StepState {
     /// Tokens per expert of every MoE layer of the model (this stage's layers filled), over the step.
     pub load: Vec<f32>,
     pub grad_norm: f64,
+    /// The clipping factor the optimiser applies to the gradients (1: not clipped).
+    pub grad_scale: f64,
     /// Compute time (waits for neighbours excluded) and the time until the last backward.
     pub busy: f64,
     pub makespan: f64,
@@ -119,6 +121,7 @@ impl Stage<'_> {
             router_sum: 0.0,
             load: vec![0.0; self.shape.num_moe_total * self.shape.experts],
             grad_norm: 0.0,
+            grad_scale: 1.0,
             busy: 0.0,
             makespan: 0.0,
             start: Instant::now(),
@@ -251,7 +254,7 @@ impl Stage<'_> {
     }
 
     /// Waits for the step's sends, sums the gradients over the ranks that hold the same weights, and
-    /// clips them by the global norm.
+    /// finds the global norm and the clipping factor (applied in the optimiser's pass).
     fn reduce_grads(&self, st: &mut StepState) -> Result<(), String> {
         st.makespan = st.start.elapsed().as_secs_f64();
         let sends = std::mem::take(&mut st.sends);
@@ -259,14 +262,14 @@ impl Stage<'_> {
             .map_err(|e| e.to_string())?;
         let grads = st.acc.get_or_insert_with(GradientsParams::new);
         reduce_gradients(grads, &st.params, self.stage_comm.get(), self.expert_dp_comm.as_ref())?;
-        st.grad_norm =
+        (st.grad_norm, st.grad_scale) =
             clip_global_norm(grads, &st.params, self.grad_clip, self.world, self.shape.replicas, self.shape.dp)?;
         Ok(())
     }
 
     fn optimizer_step(&mut self, st: &mut StepState, lr: f64) -> Result<(), String> {
         let grads = st.acc.take().unwrap_or_default();
-        self.model = self.optim.step(lr, self.model.clone(), &grads);
+        self.model = self.optim.step_scaled(lr, self.model.clone(), &grads, st.grad_scale);
         Ok(())
     }
 }
