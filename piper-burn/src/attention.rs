@@ -115,8 +115,7 @@ impl Attention {
             q_bshk = qn.forward(q_bshk);
             k_bsgk = kn.forward(k_bsgk);
         }
-        let q_bshk = self.rope.forward(q_bshk);
-        let k_bsgk = self.rope.forward(k_bsgk);
+        let (q_bshk, k_bsgk) = self.rope.forward_qk(q_bshk, k_bsgk);
         // Query head i reads key/value head i / (h / g), as Hugging Face's repeat_kv.
         let out_bshk = kernels_cubecl::causal_attention(q_bshk, k_bsgk, v_bsgk, 1.0 / (k as f32).sqrt());
         self.o_proj.forward(out_bshk.reshape([b, s, h * k]))

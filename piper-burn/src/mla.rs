@@ -83,16 +83,17 @@ impl MlaConfig {
 }
 
 impl Mla {
-    /// Rotary embedding; interleaved dims (x0, x1, x2, x3, …) are first regrouped to halves
-    /// (x0, x2, …, x1, x3, …), as transformers' `apply_rotary_pos_emb_interleave`.
-    fn rotate(&self, x_bshr: Tensor<4>) -> Tensor<4> {
-        let x = if self.rope_interleave {
-            let [b, s, h, r] = x_bshr.dims();
-            x_bshr.reshape([b, s, h, r / 2, 2]).swap_dims(3, 4).reshape([b, s, h, r])
-        } else {
-            x_bshr
+    /// Rotary embedding of the queries' and keys' rope parts; interleaved dims (x0, x1, x2, x3, …) are
+    /// first regrouped to halves (x0, x2, …, x1, x3, …), as transformers' `apply_rotary_pos_emb_interleave`.
+    fn rotate(&self, q_bshr: Tensor<4>, k_bs1r: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+        let halves = |x: Tensor<4>| {
+            if !self.rope_interleave {
+                return x;
+            }
+            let [b, s, h, r] = x.dims();
+            x.reshape([b, s, h, r / 2, 2]).swap_dims(3, 4).reshape([b, s, h, r])
         };
-        self.rope.forward(x)
+        self.rope.forward_qk(halves(q_bshr), halves(k_bs1r))
     }
 
     /// # Shapes
@@ -107,10 +108,10 @@ impl Mla {
         };
         let q_bshx = q_bsx.reshape([b, s, h, n + r]);
         let q_nope = q_bshx.clone().narrow(3, 0, n);
-        let q_rope = self.rotate(q_bshx.narrow(3, n, r));
         let ckv_bsx = self.kv_a_proj.forward(x_bsd);
         let latent_bsc = ckv_bsx.clone().narrow(2, 0, self.kv_lora_rank);
-        let k_rope_bs1r = self.rotate(ckv_bsx.narrow(2, self.kv_lora_rank, r).reshape([b, s, 1, r]));
+        let k_rope_bs1r = ckv_bsx.narrow(2, self.kv_lora_rank, r).reshape([b, s, 1, r]);
+        let (q_rope, k_rope_bs1r) = self.rotate(q_bshx.narrow(3, n, r), k_rope_bs1r);
         let kv_bshx = self.kv_b_proj.forward(self.kv_a_norm.forward(latent_bsc)).reshape([b, s, h, n + v]);
         let k_nope = kv_bshx.clone().narrow(3, 0, n);
         let v_bshv = kv_bshx.narrow(3, n, v);

@@ -51,6 +51,16 @@ impl RotaryEmbedding {
         let (cos_sk, sin_sk) = self.tables(s, &x_bshk.device());
         kernels_cubecl::rotary(x_bshk, cos_sk, sin_sk)
     }
+
+    /// Rotates queries and keys of one sequence length with one pair of tables.
+    ///
+    /// # Shapes
+    /// - `q_bshk`: `[b, s, h, k]`, `k_bsgk`: `[b, s, g, k]` → the same shapes
+    pub fn forward_qk(&self, q_bshk: Tensor<4>, k_bsgk: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+        let s = q_bshk.dims()[1];
+        let (cos_sk, sin_sk) = self.tables(s, &q_bshk.device());
+        (kernels_cubecl::rotary(q_bshk, cos_sk.clone(), sin_sk.clone()), kernels_cubecl::rotary(k_bsgk, cos_sk, sin_sk))
+    }
 }
 
 #[cfg(test)]

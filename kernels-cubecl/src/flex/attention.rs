@@ -11,6 +11,7 @@
 
 use rayon::prelude::*;
 
+use super::gemm::gemm_block;
 use super::simd::{self, multiversion};
 
 /// Queries per tile.
@@ -63,51 +64,26 @@ impl Shared {
     }
 }
 
-/// `dst[i·dst_rs + j] (+)= beta · Σ_l lhs[i, l] · rhs[l, j]` for an `m × n` block, one thread;
-/// operands given by slice and `(row stride, column stride)`.
+/// [`gemm_block`] into rows of `dst` from `dst_off` on, `dst_rs` apart.
 #[allow(clippy::too_many_arguments)]
 fn gemm_into(
-    (m, n, k): (usize, usize, usize),
+    dims: (usize, usize, usize),
     dst: &Shared,
     dst_off: usize,
     dst_rs: usize,
     accumulate: bool,
     lhs: &[f32],
-    (lhs_rs, lhs_cs): (usize, usize),
+    lhs_strides: (usize, usize),
     rhs: &[f32],
-    (rhs_rs, rhs_cs): (usize, usize),
+    rhs_strides: (usize, usize),
     beta: f32,
 ) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    assert!(dst_off + (m - 1) * dst_rs + n <= dst.len, "attention gemm: destination out of bounds");
-    assert!(k == 0 || lhs.len() > (m - 1) * lhs_rs + (k - 1) * lhs_cs, "attention gemm: lhs out of bounds");
-    assert!(k == 0 || rhs.len() > (k - 1) * rhs_rs + (n - 1) * rhs_cs, "attention gemm: rhs out of bounds");
-    // SAFETY: every element the strides reach was bounds-checked above; the destination block is
-    // written by this task only (see the callers) and does not alias the operands.
+    assert!(dst_off <= dst.len, "attention gemm: destination offset out of bounds");
+    // SAFETY: the block lies within the buffer's last `len − dst_off` elements (`gemm_block` checks);
+    // it is written by this task only (see the callers) and does not alias the operands.
     unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.ptr.add(dst_off),
-            1,
-            dst_rs as isize,
-            accumulate,
-            lhs.as_ptr(),
-            lhs_cs as isize,
-            lhs_rs as isize,
-            rhs.as_ptr(),
-            rhs_cs as isize,
-            rhs_rs as isize,
-            1.0,
-            beta,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
+        let at = dst.ptr.add(dst_off);
+        gemm_block(dims, at, dst.len - dst_off, dst_rs, accumulate, lhs, lhs_strides, rhs, rhs_strides, beta);
     }
 }
 

@@ -1,5 +1,4 @@
-//! Host kernels of the experts on Flex: single-threaded strided GEMMs through the `gemm` crate (the
-//! tasks of [`super::grouped_tasks`] are the parallel units) and the fused SwiGLU passes.
+//! Host kernels of the experts on Flex: the fused SwiGLU passes (the GEMMs are [`super::gemm`]'s).
 //!
 //! Legend: p = rows (sorted by expert), f = expert width.
 
@@ -21,51 +20,6 @@ pub(super) fn experts(counts_e: &[usize]) -> impl Iterator<Item = (usize, usize,
             Some((e, start, n))
         })
         .filter(|&(_, _, n)| n > 0)
-}
-
-/// `dst[m, n] (+)= lhs[m, k] · rhs[k, n]` on the calling thread (the tasks calling it are the parallel
-/// units), `dst` row-major; `lhs`/`rhs` given with their `(row stride, column stride)` so that a
-/// transpose is just swapped strides.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn gemm_st(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: &mut [f32],
-    accumulate: bool,
-    lhs: &[f32],
-    (lhs_rs, lhs_cs): (usize, usize),
-    rhs: &[f32],
-    (rhs_rs, rhs_cs): (usize, usize),
-) {
-    assert!(dst.len() >= m * n, "gemm: destination too small");
-    assert!(m == 0 || k == 0 || lhs.len() > (m - 1) * lhs_rs + (k - 1) * lhs_cs, "gemm: lhs out of bounds");
-    assert!(k == 0 || n == 0 || rhs.len() > (k - 1) * rhs_rs + (n - 1) * rhs_cs, "gemm: rhs out of bounds");
-    // SAFETY: the bounds of every element the strides reach were checked above; `dst` is exclusively
-    // borrowed and does not alias `lhs` or `rhs`.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            lhs.as_ptr(),
-            lhs_cs as isize,
-            lhs_rs as isize,
-            rhs.as_ptr(),
-            rhs_cs as isize,
-            rhs_rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
 }
 
 #[inline(always)]

@@ -167,18 +167,27 @@ impl FusedBackend for Flex {
         if !same || !all_f32(&[&param_n, &grad_n, &m_n, &v_n]) {
             return generic::adamw_step::<Self>(param_n, grad_n, m_n, v_n, step);
         }
-        let shape = param_n.shape();
-        let (mut p, g) = (f32s(&param_n).into_owned(), f32s(&grad_n));
-        let (mut m, mut v) = (f32s(&m_n).into_owned(), f32s(&v_n).into_owned());
+        let g = f32s(&grad_n);
+        let (mut p_t, mut m_t, mut v_t) = (param_n, m_n, v_n);
         const CHUNK: usize = 1 << 14;
-        p.par_chunks_mut(CHUNK)
-            .zip(m.par_chunks_mut(CHUNK))
-            .zip(v.par_chunks_mut(CHUNK))
+        f32s_mut(&mut p_t)
+            .par_chunks_mut(CHUNK)
+            .zip(f32s_mut(&mut m_t).par_chunks_mut(CHUNK))
+            .zip(f32s_mut(&mut v_t).par_chunks_mut(CHUNK))
             .zip(g.par_chunks(CHUNK))
             .for_each(|(((p, m), v), g)| adamw_chunk(p, m, v, g, &step));
-        let t = |x: Vec<f32>| burn_flex::FlexTensor::from_data(burn::tensor::TensorData::new(x, shape.clone()));
-        (t(p), t(m), t(v))
+        (p_t, m_t, v_t)
     }
+}
+
+/// A contiguous f32 tensor's elements to update in place: its own storage when nothing else holds it
+/// (the moments, step after step), a copy made once otherwise (Burn's copy-on-write).
+fn f32s_mut(t: &mut FloatTensor<Flex>) -> &mut [f32] {
+    if !t.is_contiguous() {
+        *t = t.to_contiguous();
+    }
+    let (start, end) = t.layout().contiguous_offsets().expect("contiguous after to_contiguous");
+    &mut t.storage_mut::<f32>()[start..end]
 }
 
 multiversion! {

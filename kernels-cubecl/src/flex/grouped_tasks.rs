@@ -9,7 +9,8 @@
 
 use rayon::prelude::*;
 
-use super::experts::{experts, gemm_st, swiglu_backward_chunk, swiglu_chunk};
+use super::experts::{experts, swiglu_backward_chunk, swiglu_chunk};
+use super::gemm::gemm_st;
 
 /// Rows of one expert per forward/backward row task.
 const ROW_BLOCK: usize = 128;

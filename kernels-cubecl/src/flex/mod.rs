@@ -22,6 +22,7 @@ use burn_flex::FlexTensor;
 mod attention;
 mod experts;
 mod fused;
+mod gemm;
 mod grouped_tasks;
 mod rows;
 pub(crate) mod simd;
