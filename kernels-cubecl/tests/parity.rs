@@ -288,6 +288,11 @@ fn all_cases(device: &Device) {
     // Past one 64 × 64 block of the tiled GEMMs: several row blocks per expert, two column blocks,
     // reductions that end mid-chunk.
     grouped_case_sized(device, &[70, 0, 5, 130], 24, 80);
+    // Many experts (fine-grained): on Flex the blocks run as parallel tasks from 8 experts per thread on
+    // (48 covers up to 6 threads; expert 1's 900 rows span several row blocks), below that one after
+    // another with threaded GEMMs.
+    let many: Vec<usize> = (0..48).map(|e| if e == 1 { 900 } else { [3, 0, 7, 1, 150][e % 5] }).collect();
+    grouped_case_sized(device, &many, 16, 24);
 }
 
 #[test]

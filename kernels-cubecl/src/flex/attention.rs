@@ -83,7 +83,7 @@ fn gemm_into(
     // it is written by this task only (see the callers) and does not alias the operands.
     unsafe {
         let at = dst.ptr.add(dst_off);
-        gemm_block(dims, at, dst.len - dst_off, dst_rs, accumulate, lhs, lhs_strides, rhs, rhs_strides, beta);
+        gemm_block(dims, at, dst.len - dst_off, dst_rs, accumulate, lhs, lhs_strides, rhs, rhs_strides, beta, false);
     }
 }
 

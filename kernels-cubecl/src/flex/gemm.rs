@@ -1,5 +1,5 @@
-//! The host kernels' GEMM: one strided block through the `gemm` crate on the calling thread (the
-//! kernels' tasks are the parallel units). Operands are given by slice and `(row stride, column
+//! The host kernels' GEMM: one strided block through the `gemm` crate, on the calling thread (where
+//! the kernels' tasks are the parallel units) or on all threads. Operands are given by slice and `(row stride, column
 //! stride)`, so a transpose is just swapped strides.
 
 /// `dst[i·dst_rs + j] = (dst if accumulate) + beta · Σ_l lhs[i, l] · rhs[l, j]` for an `m × n` block.
@@ -19,6 +19,7 @@ pub(super) unsafe fn gemm_block(
     rhs: &[f32],
     (rhs_rs, rhs_cs): (usize, usize),
     beta: f32,
+    threads: bool,
 ) {
     if m == 0 || n == 0 {
         return;
@@ -48,14 +49,15 @@ pub(super) unsafe fn gemm_block(
             false,
             false,
             false,
-            gemm::Parallelism::None,
+            if threads { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None },
         );
     }
 }
 
-/// `dst[m, n] (+)= lhs[m, k] · rhs[k, n]` into a row-major slice, on the calling thread.
+/// `dst[m, n] (+)= lhs[m, k] · rhs[k, n]` into a row-major slice, on all threads if `threads`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm_st(
+    threads: bool,
     m: usize,
     n: usize,
     k: usize,
@@ -68,6 +70,18 @@ pub(super) fn gemm_st(
 ) {
     // SAFETY: `dst` is exclusively borrowed, so it is valid for its length and aliases nothing.
     unsafe {
-        gemm_block((m, n, k), dst.as_mut_ptr(), dst.len(), n, accumulate, lhs, lhs_strides, rhs, rhs_strides, 1.0)
+        gemm_block(
+            (m, n, k),
+            dst.as_mut_ptr(),
+            dst.len(),
+            n,
+            accumulate,
+            lhs,
+            lhs_strides,
+            rhs,
+            rhs_strides,
+            1.0,
+            threads,
+        )
     }
 }
