@@ -48,15 +48,20 @@ multiversion! {
     pub(super) fn swiglu_backward_chunk(g: &[f32], u: &[f32], dh: &mut [f32], du: &mut [f32], h: &mut [f32]) {
         let n = g.len().min(u.len()).min(dh.len()).min(du.len());
         let (g, u, dh, du) = (&g[..n], &u[..n], &mut dh[..n], &mut du[..n]);
-        let with_h = h.len() >= n;
-        for i in 0..n {
-            let s = sigmoid(g[i]);
-            let silu = g[i] * s;
-            let grad = dh[i];
-            dh[i] = grad * u[i] * s * (1.0 + g[i] * (1.0 - s));
-            du[i] = grad * silu;
-            if with_h {
-                h[i] = silu * u[i];
+        let one = |g: f32, u: f32, grad: f32| {
+            let s = sigmoid(g);
+            let silu = g * s;
+            (grad * u * s * (1.0 + g * (1.0 - s)), grad * silu, silu * u)
+        };
+        // Two loops, so that neither branches per element (and both vectorise).
+        if h.len() >= n {
+            let h = &mut h[..n];
+            for i in 0..n {
+                (dh[i], du[i], h[i]) = one(g[i], u[i], dh[i]);
+            }
+        } else {
+            for i in 0..n {
+                (dh[i], du[i], _) = one(g[i], u[i], dh[i]);
             }
         }
     }

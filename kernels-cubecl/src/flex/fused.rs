@@ -231,18 +231,15 @@ multiversion! {
         if max == f32::NEG_INFINITY || max.is_nan() {
             return max;
         }
-        // Eight partial sums keep the loop vectorised (a single f32 accumulator is a serial chain).
-        let mut acc = [0f32; 8];
-        let chunks = row.chunks_exact(8);
-        let rest = chunks.remainder();
-        for c in chunks {
-            for l in 0..8 {
-                acc[l] += simd::exp(c[l] - max);
+        // e^(x − max) into a small buffer (a plain map, which vectorises), then an eight-lane sum.
+        let mut buf = [0f32; 256];
+        let mut sum = 0f32;
+        for chunk in row.chunks(buf.len()) {
+            let buf = &mut buf[..chunk.len()];
+            for (e, &x) in buf.iter_mut().zip(chunk) {
+                *e = simd::exp(x - max);
             }
-        }
-        let mut sum: f32 = acc.iter().sum();
-        for &x in rest {
-            sum += simd::exp(x - max);
+            sum += simd::sum(buf);
         }
         max + sum.ln()
     }

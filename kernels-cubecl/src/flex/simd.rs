@@ -67,20 +67,23 @@ pub(crate) fn exp(x: f32) -> f32 {
     }
 }
 
-/// The largest element; NaN if any element is NaN, −∞ for an empty slice. Eight lanes, so that the
-/// loop vectorises (a single running maximum is a serial chain).
+/// The largest element; NaN if any element is NaN, −∞ for an empty slice. Eight lanes with plain
+/// compare-and-select maxima and a separate NaN flag, so that the loop vectorises (a NaN-aware running
+/// maximum is a serial chain of branches).
 #[inline(always)]
 pub(crate) fn max(xs: &[f32]) -> f32 {
-    let pick = |m: f32, x: f32| if x > m || x.is_nan() { x } else { m };
     let mut acc = [f32::NEG_INFINITY; 8];
+    let mut nan = [0u32; 8];
     let chunks = xs.chunks_exact(8);
     let rest = chunks.remainder();
     for c in chunks {
         for l in 0..8 {
-            acc[l] = pick(acc[l], c[l]);
+            acc[l] = if c[l] > acc[l] { c[l] } else { acc[l] };
+            nan[l] |= c[l].is_nan() as u32;
         }
     }
-    acc.iter().chain(rest).fold(f32::NEG_INFINITY, |m, &x| pick(m, x))
+    let max = acc.iter().chain(rest).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+    if nan.iter().any(|&n| n != 0) || rest.iter().any(|x| x.is_nan()) { f32::NAN } else { max }
 }
 
 /// The sum of the elements in eight lanes (vectorises; rounding differs from a serial sum).
