@@ -3,7 +3,7 @@
 //! `cargo run --release --example mixtral_train` trains the `tiny` preset on a seeded synthetic grammar
 //! whose entropy rate is known, so the best possible loss is printed beside the achieved one. `--data
 //! FILE` trains on any UTF-8 text (byte-level tokens); `--metrics FILE.jsonl` writes a JSON line per step,
-//! `--summary FILE.json` the run summary.
+//! `--summary FILE.json` the run summary, `--profile` where the time of a step goes.
 //!
 //! Multi-rank (built with `--features mpi`): `mpirun -np 4 target/release/examples/mixtral_train --plan
 //! plan.json` runs the plan `piper plan --out plan.json` wrote; `--plan auto` asks the planner; `--pp
@@ -93,8 +93,14 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), String> {
     for line in describe_run(spec, plan, &corpus.describe(), &format!("{:?}", a.backend), peak_flops) {
         reporter.println(&line);
     }
+    if a.run.profile {
+        runtime::profile::enable();
+    }
     let trained = runtime::execute(&job, corpus.as_mut(), |m| reporter.observe(m))?;
     reporter.finish()?;
+    if let (Some(p), 0) = (&trained.profile, world.rank()) {
+        p.table().iter().for_each(|l| println!("{l}"));
+    }
     if let (Some(s), 0) = (trained.resume_seconds, world.rank()) {
         println!("resumed in {s:.2} s (rank 0's part of the checkpoint)");
     }

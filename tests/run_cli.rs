@@ -20,6 +20,59 @@ fn plan_auto_picks_a_layout_and_reports_its_prediction_error() {
     assert!(out.contains("plan vs measured (local platform): step"), "{out}");
 }
 
+/// `--profile` prints where the steady steps went: the phases of the step, the fused operations inside
+/// them with their GFLOP/s, and shares that add up to the step (each phase's operations and "other" to
+/// the phase, the phases and "outside" to 100%).
+#[test]
+fn profile_prints_phases_and_operations_that_add_up_to_the_step() {
+    let mut cmd = Command::new(example());
+    cmd.args(COMMON).arg("--profile");
+    let (ok, out) = run(cmd, Duration::from_secs(120));
+    assert!(ok, "{out}");
+    let table: Vec<&str> = out.lines().skip_while(|l| !l.starts_with("profile: 17 steady steps")).collect();
+    assert!(table.len() > 3, "no profile table:\n{out}");
+    let number = |l: &str, from_end: usize| -> f64 {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        cols[cols.len() - from_end].parse().unwrap_or_else(|e| panic!("{l}: {e}"))
+    };
+    // Rows: "<phase> (all) ms %", "<op> calls ms % gflops", "other ms %", "outside ms %".
+    // Each printed figure is rounded to 0.05 at most.
+    let mut phases = 0.0;
+    let (mut phase_ms, mut parts_ms, mut rows) = (0.0, 0.0, 0.0);
+    let adds_up = |parts: f64, total: f64, rows: f64| (parts - total).abs() <= 0.05 * (rows + 1.0) + 1e-9;
+    let mut seen = Vec::new();
+    for l in &table[2..] {
+        let first = l.split_whitespace().next().unwrap_or("");
+        if l.contains("(all)") {
+            assert!(
+                adds_up(parts_ms, phase_ms, rows),
+                "the previous phase's rows add up to {parts_ms}, not {phase_ms}"
+            );
+            phase_ms = number(l, 2);
+            (parts_ms, rows) = (0.0, 0.0);
+            phases += number(l, 1);
+            seen.push(first.to_string());
+        } else if first == "outside" {
+            assert!(adds_up(parts_ms, phase_ms, rows), "the last phase's rows add up to {parts_ms}, not {phase_ms}");
+            phases += number(l, 1);
+            break;
+        } else if first == "other" {
+            parts_ms += number(l, 2);
+            rows += 1.0;
+        } else if !l.trim().is_empty() {
+            parts_ms += number(l, 3);
+            rows += 1.0;
+            seen.push(first.to_string());
+            let gflops = l.split_whitespace().last().unwrap();
+            assert!(gflops == "-" || gflops.parse::<f64>().is_ok_and(|g| g > 0.0 && g.is_finite()), "{l}");
+        }
+    }
+    assert!(adds_up(phases, 100.0, seen.len() as f64), "phases and outside add up to {phases}%:\n{}", table.join("\n"));
+    for want in ["forward", "backward", "optimizer", "linear", "grouped", "attention", "rms", "adamw"] {
+        assert!(seen.iter().any(|s| s == want), "no {want} row:\n{}", table.join("\n"));
+    }
+}
+
 /// Bad run configurations: one line naming the flag, exit code 2, before any work (no "step" line), for
 /// every class — zero and absurd sizes, non-finite and negative numbers, layouts and micro-batches that do
 /// not divide, a missing or foreign plan file.

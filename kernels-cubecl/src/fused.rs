@@ -1,5 +1,6 @@
-//! The dense parts of a decoder step as fused Burn backend-extension operations: causal attention
-//! (with grouped-query heads), rotary embedding and softmax cross-entropy, each forward and backward.
+//! The dense parts of a decoder step as fused Burn backend-extension operations: linear layers, RMS
+//! normalisation, causal attention (with grouped-query heads), rotary embedding and softmax
+//! cross-entropy, each forward and backward, and the AdamW step.
 //! Each default body is the plain definition on Burn's primitive ops — what the Cube backend and NdArray
 //! run; Flex overrides them with one host kernel each ([`crate::flex`]); `Autodiff` adds the
 //! hand-written backward passes ([`crate::fused_autodiff`]).
@@ -8,13 +9,62 @@
 //! of each query row and the backward recomputes the probabilities from it (as FlashAttention does).
 //!
 //! Legend: b = batch, s = sequence, h = query heads, g = key/value heads (h a multiple of g), c = query
-//! and key head width, e = value head width, k = rotary head width, n = rows, v = vocabulary.
+//! and key head width, e = value head width, k = rotary head width, n = rows, v = vocabulary; for linear
+//! layers r = rows, k = input width, n = output width.
 
 #![cfg_attr(feature = "ndarray", allow(deprecated))]
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Backend, Dispatch, TensorMetadata, backend_extension};
 use burn::tensor::{IndexingUpdateOp, Shape, Slice, TensorData};
+
+/// A linear layer, `x · w_kn (+ b_n)` over the last dim of `x` — what Burn's `Linear::forward` computes with
+/// its `[k, n]` weight — as one product over all rows (every leading dim of `x`).
+///
+/// # Shapes
+/// - `x` `[..., k]`, `w_kn` `[k, n]`, `b_n` `[n]` → `[..., n]`
+///
+/// # Panics
+/// If the last dim of `x` is not `k` or the bias is not `[n]`.
+pub fn linear<const D: usize>(
+    x: burn::Tensor<D>,
+    w_kn: burn::Tensor<2>,
+    b_n: Option<burn::Tensor<1>>,
+) -> burn::Tensor<D> {
+    let dims = x.dims();
+    let [k, n] = w_kn.dims();
+    assert!(
+        D >= 1 && dims[D - 1] == k && b_n.as_ref().is_none_or(|b| b.dims() == [n]),
+        "linear: x {dims:?} must end in the weight's input width {k}, and the bias {:?} be [{n}]",
+        b_n.as_ref().map(|b| b.dims())
+    );
+    let rows = dims[..D - 1].iter().product();
+    let (x_rk, w_kn) = (x.reshape([rows, k]).into_dispatch(), w_kn.into_dispatch());
+    let y_rn = match b_n {
+        Some(b_n) => Dispatch::dense_linear_bias(x_rk, w_kn, b_n.into_dispatch()),
+        None => Dispatch::dense_linear(x_rk, w_kn),
+    };
+    let mut out = dims;
+    out[D - 1] = n;
+    burn::Tensor::<2>::from_dispatch(y_rn).reshape(out)
+}
+
+/// RMS normalisation over the last dim, as Burn's `RmsNorm::forward`: `x / √(mean(x²) + eps) · gamma`,
+/// one pass forward and one backward.
+///
+/// # Shapes
+/// - `x` `[..., d]`, `gamma_d` `[d]` → `[..., d]`
+///
+/// # Panics
+/// If the last dim of `x` is not `d`.
+pub fn rms_norm<const D: usize>(x: burn::Tensor<D>, gamma_d: burn::Tensor<1>, eps: f64) -> burn::Tensor<D> {
+    let dims = x.dims();
+    let [d] = gamma_d.dims();
+    assert!(D >= 1 && dims[D - 1] == d, "rms_norm: x {dims:?} must end in gamma's width {d}");
+    let rows = dims[..D - 1].iter().product();
+    let (y_rd, _rstd) = Dispatch::rms_norm(x.reshape([rows, d]).into_dispatch(), gamma_d.into_dispatch(), eps);
+    burn::Tensor::<2>::from_dispatch(y_rd).reshape(dims)
+}
 
 /// Causal softmax attention with grouped-query heads (query head j reads key/value head `j / (h / g)`),
 /// scores scaled by `scale`.
@@ -133,6 +183,55 @@ pub fn adamw_step(
 /// The fused dense operations a backend provides.
 #[backend_extension(Autodiff, Cube: cfg(feature = "cube-runtime"), Flex, NdArray: cfg(feature = "ndarray"))]
 pub trait FusedBackend: burn::backend::Backend {
+    /// `y_rn = x_rk · w_kn`.
+    fn dense_linear(x_rk: FloatTensor<Self>, w_kn: FloatTensor<Self>) -> FloatTensor<Self> {
+        generic::linear::<Self>(x_rk, w_kn)
+    }
+
+    /// `y_rn = x_rk · w_kn + b_n`.
+    fn dense_linear_bias(
+        x_rk: FloatTensor<Self>,
+        w_kn: FloatTensor<Self>,
+        b_n: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        generic::linear_bias::<Self>(x_rk, w_kn, b_n)
+    }
+
+    /// The input gradient of a linear layer: `dx_rk = dy_rn · w_knᵀ`.
+    fn dense_linear_backward_x(dy_rn: FloatTensor<Self>, w_kn: FloatTensor<Self>) -> FloatTensor<Self> {
+        generic::linear_backward_x::<Self>(dy_rn, w_kn)
+    }
+
+    /// The weight gradient of a linear layer: `dw_kn = x_rkᵀ · dy_rn`.
+    fn dense_linear_backward_w(dy_rn: FloatTensor<Self>, x_rk: FloatTensor<Self>) -> FloatTensor<Self> {
+        generic::linear_backward_w::<Self>(dy_rn, x_rk)
+    }
+
+    /// The bias gradient of a linear layer: `db_n = Σ_rows dy_rn`.
+    fn dense_linear_backward_b(dy_rn: FloatTensor<Self>) -> FloatTensor<Self> {
+        generic::linear_backward_b::<Self>(dy_rn)
+    }
+
+    /// RMS normalisation of each row: `(y_rd = x · rstd · gamma, rstd_r = 1 / √(mean(x²) + eps))`.
+    fn rms_norm(
+        x_rd: FloatTensor<Self>,
+        gamma_d: FloatTensor<Self>,
+        eps: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        generic::rms_norm::<Self>(x_rd, gamma_d, eps)
+    }
+
+    /// Backward of [`Self::rms_norm`] from `dy_rd`: with `g = dy · gamma`,
+    /// `dx = rstd · g − x · rstd³ · ⟨g, x⟩ / d` and `dgamma = Σ_rows dy · x · rstd`.
+    fn rms_norm_backward(
+        dy_rd: FloatTensor<Self>,
+        x_rd: FloatTensor<Self>,
+        gamma_d: FloatTensor<Self>,
+        rstd_r: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        generic::rms_norm_backward::<Self>(dy_rd, x_rd, gamma_d, rstd_r)
+    }
+
     /// Causal softmax attention: query i of head j attends keys 0..=i of key/value head `j / (h / g)`,
     /// scores scaled by `scale`. `q_bshc` `[b, s, h, c]`, `k_bsgc` `[b, s, g, c]`, `v_bsge` `[b, s, g, e]`
     /// → `(o_bshe [b, s, h, e], lse_bhs [b, h, s])`, the log-sum-exp of each row's scaled scores.
@@ -204,6 +303,62 @@ impl FusedBackend for burn::backend::NdArray {}
 /// The definitions on Burn's primitive ops.
 pub(crate) mod generic {
     use super::*;
+
+    pub(crate) fn linear<B: Backend>(x_rk: FloatTensor<B>, w_kn: FloatTensor<B>) -> FloatTensor<B> {
+        B::float_matmul(x_rk, w_kn)
+    }
+
+    pub(crate) fn linear_bias<B: Backend>(
+        x_rk: FloatTensor<B>,
+        w_kn: FloatTensor<B>,
+        b_n: FloatTensor<B>,
+    ) -> FloatTensor<B> {
+        let n = b_n.shape()[0];
+        B::float_add(B::float_matmul(x_rk, w_kn), B::float_reshape(b_n, Shape::new([1, n])))
+    }
+
+    pub(crate) fn linear_backward_x<B: Backend>(dy_rn: FloatTensor<B>, w_kn: FloatTensor<B>) -> FloatTensor<B> {
+        B::float_matmul(dy_rn, B::float_swap_dims(w_kn, 0, 1))
+    }
+
+    pub(crate) fn linear_backward_w<B: Backend>(dy_rn: FloatTensor<B>, x_rk: FloatTensor<B>) -> FloatTensor<B> {
+        B::float_matmul(B::float_swap_dims(x_rk, 0, 1), dy_rn)
+    }
+
+    pub(crate) fn linear_backward_b<B: Backend>(dy_rn: FloatTensor<B>) -> FloatTensor<B> {
+        let n = dy_rn.shape()[1];
+        B::float_reshape(B::float_sum_dim(dy_rn, 0), Shape::new([n]))
+    }
+
+    pub(crate) fn rms_norm<B: Backend>(
+        x_rd: FloatTensor<B>,
+        gamma_d: FloatTensor<B>,
+        eps: f64,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        let [r, d] = [x_rd.shape()[0], x_rd.shape()[1]];
+        let mean_r1 = B::float_mean_dim(B::float_mul(x_rd.clone(), x_rd.clone()), 1);
+        let rstd_r1 = B::float_recip(B::float_sqrt(B::float_add_scalar(mean_r1, eps.into())));
+        let y_rd = B::float_mul(B::float_mul(x_rd, rstd_r1.clone()), B::float_reshape(gamma_d, Shape::new([1, d])));
+        (y_rd, B::float_reshape(rstd_r1, Shape::new([r])))
+    }
+
+    pub(crate) fn rms_norm_backward<B: Backend>(
+        dy_rd: FloatTensor<B>,
+        x_rd: FloatTensor<B>,
+        gamma_d: FloatTensor<B>,
+        rstd_r: FloatTensor<B>,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        let [r, d] = [x_rd.shape()[0], x_rd.shape()[1]];
+        let rstd_r1 = B::float_reshape(rstd_r, Shape::new([r, 1]));
+        let xhat_rd = B::float_mul(x_rd, rstd_r1.clone());
+        let dgamma_d =
+            B::float_reshape(B::float_sum_dim(B::float_mul(dy_rd.clone(), xhat_rd.clone()), 0), Shape::new([d]));
+        let g_rd = B::float_mul(dy_rd, B::float_reshape(gamma_d, Shape::new([1, d])));
+        // dx = rstd · (g − x̂ · mean(g · x̂)).
+        let mean_r1 = B::float_mean_dim(B::float_mul(g_rd.clone(), xhat_rd.clone()), 1);
+        let dx_rd = B::float_mul(B::float_sub(g_rd, B::float_mul(xhat_rd, mean_r1)), rstd_r1);
+        (dx_rd, dgamma_d)
+    }
 
     fn dims4<B: Backend>(t: &FloatTensor<B>) -> [usize; 4] {
         let s = t.shape();

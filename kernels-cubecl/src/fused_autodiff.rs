@@ -13,6 +13,49 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 
 use crate::fused::{AdamWStep, FusedBackend};
 
+/// A linear layer's backward, with (`N` = 3) or without (`N` = 2) a bias; the state is `(x, w)`.
+#[derive(Debug)]
+struct LinearBackward<const N: usize>;
+
+impl<B: FusedBackend, const N: usize> Backward<B, N> for LinearBackward<N> {
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        let (x, w) = ops.state;
+        let [node_x, node_w, node_b] = [0, 1, 2].map(|i| ops.parents.get(i).cloned().flatten());
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, B::dense_linear_backward_x(dy.clone(), w));
+        }
+        if let Some(node) = node_w {
+            grads.register::<B>(node.id, B::dense_linear_backward_w(dy.clone(), x));
+        }
+        if let Some(node) = node_b {
+            grads.register::<B>(node.id, B::dense_linear_backward_b(dy));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RmsNormBackward;
+
+impl<B: FusedBackend> Backward<B, 2> for RmsNormBackward {
+    /// `(x, gamma, rstd)`.
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_x, node_gamma] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        let (x, gamma, rstd) = ops.state;
+        let (dx, dgamma) = B::rms_norm_backward(dy, x, gamma, rstd);
+        for (node, grad) in [(node_x, dx), (node_gamma, dgamma)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 struct AttentionBackward;
 
@@ -71,6 +114,51 @@ impl<B: FusedBackend> Backward<B, 1> for CrossEntropyBackward {
 }
 
 impl<B: FusedBackend, C: CheckpointStrategy> FusedBackend for Autodiff<B, C> {
+    fn dense_linear(x_rk: FloatTensor<Self>, w_kn: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (x, x_node) = x_rk.into_parts();
+        let (w, w_node) = w_kn.into_parts();
+        match LinearBackward::<2>.prepare::<C>([x_node, w_node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::dense_linear(x.clone(), w.clone());
+                prep.finish((x, w), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::dense_linear(x, w)),
+        }
+    }
+
+    fn dense_linear_bias(
+        x_rk: FloatTensor<Self>,
+        w_kn: FloatTensor<Self>,
+        b_n: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let (x, x_node) = x_rk.into_parts();
+        let (w, w_node) = w_kn.into_parts();
+        let (b, b_node) = b_n.into_parts();
+        match LinearBackward::<3>.prepare::<C>([x_node, w_node, b_node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::dense_linear_bias(x.clone(), w.clone(), b);
+                prep.finish((x, w), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::dense_linear_bias(x, w, b)),
+        }
+    }
+
+    fn rms_norm(
+        x_rd: FloatTensor<Self>,
+        gamma_d: FloatTensor<Self>,
+        eps: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (x, x_node) = x_rd.into_parts();
+        let (gamma, gamma_node) = gamma_d.into_parts();
+        let (y, rstd) = B::rms_norm(x.clone(), gamma.clone(), eps);
+        let y = match RmsNormBackward.prepare::<C>([x_node, gamma_node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((x, gamma, rstd.clone()), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        };
+        // The reciprocal RMS is an output for the backward, not a differentiable one.
+        (y, Autodiff::<B, C>::from_inner(rstd))
+    }
+
     fn causal_attention(
         q_bshc: FloatTensor<Self>,
         k_bsgc: FloatTensor<Self>,

@@ -71,6 +71,27 @@ pub fn topk_softmax_reference(logits_te: Tensor<2>, k: usize, renormalize: bool)
     (w_tk, idx_tk)
 }
 
+/// A linear layer on tensor ops: `x · w_kn + b_n`, the weight broadcast over the leading dims of `x`.
+///
+/// # Shapes
+/// - `x` `[..., k]`, `w_kn` `[k, n]`, `b_n` `[n]` → `[..., n]`
+pub fn linear_reference<const D: usize>(x: Tensor<D>, w_kn: Tensor<2>, b_n: Option<Tensor<1>>) -> Tensor<D> {
+    let y = x.matmul(w_kn.unsqueeze::<D>());
+    match b_n {
+        Some(b_n) => y + b_n.unsqueeze::<D>(),
+        None => y,
+    }
+}
+
+/// RMS normalisation over the last dim on tensor ops, Burn's `RmsNorm` formula: `x / √(mean(x²) + eps) · gamma`.
+///
+/// # Shapes
+/// - `x` `[..., d]`, `gamma_d` `[d]` → `[..., d]`
+pub fn rms_norm_reference<const D: usize>(x: Tensor<D>, gamma_d: Tensor<1>, eps: f64) -> Tensor<D> {
+    let rms = (x.clone().square().mean_dim(D - 1) + eps).sqrt();
+    (x / rms) * gamma_d.unsqueeze()
+}
+
 /// Causal attention as the model used to run it on Burn's tensor ops: heads moved to dim 1, key/value
 /// heads repeated for their query heads, an explicit `−∞` mask above the diagonal, a full softmax.
 ///

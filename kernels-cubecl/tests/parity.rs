@@ -176,6 +176,53 @@ fn grouped_case_sized(device: &Device, counts: &[usize], d: usize, f: usize) {
     close("grouped grad w_down", &fast.4, &reference.4);
 }
 
+fn linear_case(device: &Device, [b, s, k, n]: [usize; 4], bias: bool, tied: bool) {
+    let (x, w, bias_n, probe) =
+        (random([b, s, k], 1.0, 71), random([k, n], 0.3, 72), random([n], 1.0, 73), random([b, s, n], 1.0, 74));
+    let what = format!("linear {b}x{s}x{k}->{n} (bias {bias}, transposed weight {tied})");
+    let run = |dev: &Device, fast: bool| {
+        let x = Tensor::<3>::from_data(x.clone(), dev).require_grad();
+        // A head tied to the embedding reads the `[n, k]` table transposed: a strided view.
+        let w_param = if tied {
+            Tensor::<2>::from_data(w.clone(), dev).transpose().require_grad()
+        } else {
+            Tensor::<2>::from_data(w.clone(), dev).require_grad()
+        };
+        let w_kn = if tied { w_param.clone().transpose() } else { w_param.clone() };
+        let b_n = bias.then(|| Tensor::<1>::from_data(bias_n.clone(), dev).require_grad());
+        let y =
+            if fast { linear(x.clone(), w_kn, b_n.clone()) } else { linear_reference(x.clone(), w_kn, b_n.clone()) };
+        let grads = (y.clone() * Tensor::from_data(probe.clone(), dev)).sum().backward();
+        let db = b_n.map(|b| values(b.grad(&grads).unwrap())).unwrap_or_default();
+        (values(y), values(x.grad(&grads).unwrap()), values(w_param.grad(&grads).unwrap()), db)
+    };
+    let (fast, reference) = (run(device, true), run(&reference_device(), false));
+    close(&what, &fast.0, &reference.0);
+    close(&format!("{what} grad x"), &fast.1, &reference.1);
+    close(&format!("{what} grad w"), &fast.2, &reference.2);
+    close(&format!("{what} grad b"), &fast.3, &reference.3);
+}
+
+fn rms_norm_case(device: &Device, [b, s, d]: [usize; 3]) {
+    let (x, gamma, probe) = (random([b, s, d], 1.5, 81), random([d], 1.0, 82), random([b, s, d], 1.0, 83));
+    let run = |dev: &Device, fast: bool| {
+        let x = Tensor::<3>::from_data(x.clone(), dev).require_grad();
+        let gamma = Tensor::<1>::from_data(gamma.clone(), dev).require_grad();
+        let y = if fast {
+            rms_norm(x.clone(), gamma.clone(), 1e-6)
+        } else {
+            rms_norm_reference(x.clone(), gamma.clone(), 1e-6)
+        };
+        let grads = (y.clone() * Tensor::from_data(probe.clone(), dev)).sum().backward();
+        (values(y), values(x.grad(&grads).unwrap()), values(gamma.grad(&grads).unwrap()))
+    };
+    let (fast, reference) = (run(device, true), run(&reference_device(), false));
+    let what = format!("rms norm {b}x{s}x{d}");
+    close(&what, &fast.0, &reference.0);
+    close(&format!("{what} grad x"), &fast.1, &reference.1);
+    close(&format!("{what} grad gamma"), &fast.2, &reference.2);
+}
+
 fn attention_case(device: &Device, [b, s, h, g, c, e]: [usize; 6]) {
     let seed = (b * 1000 + s * 10 + h) as u64;
     let (q, k, v) =
@@ -264,6 +311,15 @@ fn adamw_case(device: &Device, n: usize) {
 }
 
 fn all_cases(device: &Device) {
+    // A width with a remainder past the 8-lane chunks; rows over several tasks of 32.
+    rms_norm_case(device, [2, 5, 13]);
+    rms_norm_case(device, [3, 30, 64]);
+    // Rows over several batch entries; one row; a width past one 16 × 6 GEMM tile; a weight that is a
+    // transposed view.
+    linear_case(device, [2, 5, 7, 3], true, false);
+    linear_case(device, [3, 4, 33, 50], false, false);
+    linear_case(device, [1, 1, 6, 9], true, false);
+    linear_case(device, [2, 9, 12, 20], false, true);
     adamw_case(device, 5);
     adamw_case(device, 40_000);
     // Query tiles of 32: one partial tile, several with a partial last one, grouped and plain heads,
@@ -288,9 +344,8 @@ fn all_cases(device: &Device) {
     // Past one 64 × 64 block of the tiled GEMMs: several row blocks per expert, two column blocks,
     // reductions that end mid-chunk.
     grouped_case_sized(device, &[70, 0, 5, 130], 24, 80);
-    // Many experts (fine-grained): on Flex the blocks run as parallel tasks from 8 experts per thread on
-    // (48 covers up to 6 threads; expert 1's 400 rows span two row blocks on 2 threads), below that one
-    // after another with threaded GEMMs. (With 900 rows the CubeCL kernels' f32 sums over the rows
+    // Many experts (fine-grained): on Flex expert 1's 400 rows span two row blocks on 2 threads, and every
+    // expert's weight gradient is one task. (With 900 rows the CubeCL kernels' f32 sums over the rows
     // reached 2.7e-5 against the 2e-5 bound on lavapipe.)
     let many: Vec<usize> = (0..48).map(|e| if e == 1 { 400 } else { [3, 0, 7, 1, 150][e % 5] }).collect();
     grouped_case_sized(device, &many, 16, 24);
@@ -309,6 +364,12 @@ fn large_shapes_match_on_the_cpu() {
     swiglu_case(&device, 300, 129);
     permute_combine_case_sized(&device, 300, 2, 8, 70);
     grouped_case_sized(&device, &[150, 0, 7, 310], 96, 256);
+    // Few experts with large GEMMs: on Flex several row blocks per expert, and each weight gradient cut
+    // into pieces of rows so that two experts still make several tasks per thread.
+    grouped_case_sized(&device, &[300, 0, 280], 256, 256);
+    // Large enough that the GEMMs split over threads (few enough rows that the f32 sums of the weight
+    // gradient, reference included, stay within the bound).
+    linear_case(&device, [4, 48, 96, 160], true, false);
 }
 
 #[test]

@@ -9,6 +9,7 @@
 use burn::nn::{Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 
+use crate::fused_layers::{linear, rms_norm};
 use crate::init::{normal_linear, normal_linear_with_bias};
 use crate::rope::{RotaryEmbedding, RotaryEmbeddingConfig};
 
@@ -91,13 +92,13 @@ impl Attention {
     pub fn forward(&self, x_bsd: Tensor<3>) -> Tensor<3> {
         let [b, s, _] = x_bsd.dims();
         let (h, g, k) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let mut q_bsq = self.q_proj.forward(x_bsd.clone());
-        let mut k_bsv = self.k_proj.forward(x_bsd.clone());
-        let mut v_bsv = self.v_proj.forward(x_bsd);
+        let mut q_bsq = linear(&self.q_proj, x_bsd.clone());
+        let mut k_bsv = linear(&self.k_proj, x_bsd.clone());
+        let mut v_bsv = linear(&self.v_proj, x_bsd);
         let per_head_norms = match (&self.q_norm, &self.k_norm) {
             (Some(qn), Some(kn)) if self.qk_norm_whole => {
-                q_bsq = qn.forward(q_bsq);
-                k_bsv = kn.forward(k_bsv);
+                q_bsq = rms_norm(qn, q_bsq);
+                k_bsv = rms_norm(kn, k_bsv);
                 None
             }
             (Some(qn), Some(kn)) => Some((qn, kn)),
@@ -112,12 +113,12 @@ impl Attention {
         let mut k_bsgk = k_bsv.reshape([b, s, g, k]);
         let v_bsgk = v_bsv.reshape([b, s, g, k]);
         if let Some((qn, kn)) = per_head_norms {
-            q_bshk = qn.forward(q_bshk);
-            k_bsgk = kn.forward(k_bsgk);
+            q_bshk = rms_norm(qn, q_bshk);
+            k_bsgk = rms_norm(kn, k_bsgk);
         }
         let (q_bshk, k_bsgk) = self.rope.forward_qk(q_bshk, k_bsgk);
         // Query head i reads key/value head i / (h / g), as Hugging Face's repeat_kv.
         let out_bshk = kernels_cubecl::causal_attention(q_bshk, k_bsgk, v_bsgk, 1.0 / (k as f32).sqrt());
-        self.o_proj.forward(out_bshk.reshape([b, s, h * k]))
+        linear(&self.o_proj, out_bshk.reshape([b, s, h * k]))
     }
 }

@@ -15,6 +15,7 @@ use burn::prelude::*;
 use piper_planner::platform::{GemmTable, RuntimeCosts};
 use serde::{Deserialize, Serialize};
 
+use crate::fused_layers::rms_norm;
 use crate::rope::RotaryEmbeddingConfig;
 use crate::runtime::optim::{AdamW, AdamWSettings};
 
@@ -67,7 +68,7 @@ pub fn measure_runtime_costs(device: &Device) -> RuntimeCosts {
         std::hint::black_box(tiny.grad(&grads).map(|g| g.into_data()));
     }) / chain as f64;
     let norm = RmsNormConfig::new(d).init(device);
-    let norm_s = per_element(device, rows, d, reps, |x| norm.forward(x));
+    let norm_s = per_element(device, rows, d, reps, |x| rms_norm(&norm, x));
     // Rotary embedding on [b, h, s, k] = [4, 8, 512, 64] (queries or keys of a layer).
     let rope = RotaryEmbeddingConfig::new(64).init();
     let rope_s = per_element(device, ELEMENTS / 64, 64, reps, |x| {

@@ -6,6 +6,7 @@ use burn::nn::{RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 
 use crate::attention::{Attention, AttentionConfig};
+use crate::fused_layers::rms_norm;
 use crate::mla::{Mla, MlaConfig};
 use crate::mlp::{Mlp, MlpConfig};
 use crate::moe::{MoeBlock, MoeBlockConfig, MoeStats};
@@ -63,14 +64,14 @@ impl DecoderLayer {
     /// # Shapes
     /// - `x_bsd`: `[b, s, d]` → `[b, s, d]`, with the MoE statistics of an MoE layer
     pub fn forward(&self, x_bsd: Tensor<3>) -> (Tensor<3>, Option<MoeStats>) {
-        let normed = self.input_norm.forward(x_bsd.clone());
+        let normed = rms_norm(&self.input_norm, x_bsd.clone());
         let attended = match (&self.attention, &self.mla) {
             (Some(a), _) => a.forward(normed),
             (_, Some(m)) => m.forward(normed),
             _ => unreachable!("checked at init"),
         };
         let h_bsd = x_bsd + attended;
-        let normed = self.post_attention_norm.forward(h_bsd.clone());
+        let normed = rms_norm(&self.post_attention_norm, h_bsd.clone());
         match (&self.dense, &self.moe) {
             (Some(mlp), _) => (h_bsd + mlp.forward(normed), None),
             (_, Some(moe)) => {

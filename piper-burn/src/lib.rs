@@ -12,6 +12,7 @@ pub mod decoder;
 pub mod dispatch;
 pub mod dispatcher;
 pub mod experts;
+pub mod fused_layers;
 pub mod init;
 pub mod lm;
 pub mod losses;

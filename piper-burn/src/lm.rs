@@ -8,6 +8,7 @@ use burn::nn::{Embedding, EmbeddingConfig, RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 
 use crate::decoder::{DecoderLayer, DecoderLayerConfig};
+use crate::fused_layers::rms_norm;
 use crate::init::{initializer, normal_param};
 use crate::moe::MoeStats;
 
@@ -115,14 +116,13 @@ impl CausalLm {
 
     /// Final norm and LM head. `x_bsd`: `[b, s, d]` → logits `[b, s, v]`.
     pub fn head(&self, x_bsd: Tensor<3>) -> Tensor<3> {
-        let h_bsd = self.norm.forward(x_bsd);
-        let [b, s, d] = h_bsd.dims();
+        let h_bsd = rms_norm(&self.norm, x_bsd);
         let head_dv = match &self.lm_head_dv {
             Some(w) => w.val(),
+            // Tied: the `[v, d]` table read transposed in place.
             None => self.embed.weight.val().transpose(),
         };
-        let v = head_dv.dims()[1];
-        h_bsd.reshape([b * s, d]).matmul(head_dv).reshape([b, s, v])
+        kernels_cubecl::linear(h_bsd, head_dv, None)
     }
 
     /// Mean next-token cross-entropy of logits `[b, s, v]` against `targets_bs` `[b, s]` (one fused pass

@@ -7,6 +7,7 @@
 use burn::nn::{Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 
+use crate::fused_layers::{linear, rms_norm};
 use crate::init::normal_linear;
 use crate::rope::{RotaryEmbedding, RotaryEmbeddingConfig};
 
@@ -102,22 +103,22 @@ impl Mla {
         let [b, s, _] = x_bsd.dims();
         let (h, n, r, v) = (self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim);
         let q_bsx = match (&self.q_proj, &self.q_a_proj, &self.q_a_norm, &self.q_b_proj) {
-            (Some(q), _, _, _) => q.forward(x_bsd.clone()),
-            (None, Some(a), Some(norm), Some(bp)) => bp.forward(norm.forward(a.forward(x_bsd.clone()))),
+            (Some(q), _, _, _) => linear(q, x_bsd.clone()),
+            (None, Some(a), Some(norm), Some(bp)) => linear(bp, rms_norm(norm, linear(a, x_bsd.clone()))),
             _ => unreachable!("set at init"),
         };
         let q_bshx = q_bsx.reshape([b, s, h, n + r]);
         let q_nope = q_bshx.clone().narrow(3, 0, n);
-        let ckv_bsx = self.kv_a_proj.forward(x_bsd);
+        let ckv_bsx = linear(&self.kv_a_proj, x_bsd);
         let latent_bsc = ckv_bsx.clone().narrow(2, 0, self.kv_lora_rank);
         let k_rope_bs1r = ckv_bsx.narrow(2, self.kv_lora_rank, r).reshape([b, s, 1, r]);
         let (q_rope, k_rope_bs1r) = self.rotate(q_bshx.narrow(3, n, r), k_rope_bs1r);
-        let kv_bshx = self.kv_b_proj.forward(self.kv_a_norm.forward(latent_bsc)).reshape([b, s, h, n + v]);
+        let kv_bshx = linear(&self.kv_b_proj, rms_norm(&self.kv_a_norm, latent_bsc)).reshape([b, s, h, n + v]);
         let k_nope = kv_bshx.clone().narrow(3, 0, n);
         let v_bshv = kv_bshx.narrow(3, n, v);
         let q = Tensor::cat(vec![q_nope, q_rope], 3);
         let k = Tensor::cat(vec![k_nope, k_rope_bs1r.expand([b, s, h, r])], 3);
         let out_bshv = kernels_cubecl::causal_attention(q, k, v_bshv, 1.0 / ((n + r) as f32).sqrt());
-        self.o_proj.forward(out_bshv.reshape([b, s, h * v]))
+        linear(&self.o_proj, out_bshv.reshape([b, s, h * v]))
     }
 }

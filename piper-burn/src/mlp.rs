@@ -5,6 +5,7 @@
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 
+use crate::fused_layers::linear;
 use crate::init::normal_linear;
 
 #[derive(Config, Debug)]
@@ -34,7 +35,7 @@ impl Mlp {
     /// # Shapes
     /// - `x`: `[..., d]` → `[..., d]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let hidden = kernels_cubecl::swiglu(self.gate_proj.forward(x.clone()), self.up_proj.forward(x));
-        self.down_proj.forward(hidden)
+        let hidden = kernels_cubecl::swiglu(linear(&self.gate_proj, x.clone()), linear(&self.up_proj, x));
+        linear(&self.down_proj, hidden)
     }
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use crate::dispatch::{DispatchPlan, combine, permute};
 use crate::dispatcher::{ExpertPlacement, TokenDispatcher};
 use crate::experts::{GroupedExperts, GroupedExpertsConfig};
+use crate::fused_layers::linear;
 use crate::init::normal_linear;
 use crate::losses::{load_balancing_loss_from_counts, z_loss};
 use crate::mlp::{Mlp, MlpConfig};
@@ -156,7 +157,7 @@ impl MoeBlock {
         if let Some(shared) = &self.shared {
             let mut shared_td = shared.forward(x_td.clone());
             if let Some(gate) = &self.shared_gate {
-                shared_td = shared_td * sigmoid(gate.forward(x_td));
+                shared_td = shared_td * sigmoid(linear(gate, x_td));
             }
             out_td = out_td + shared_td;
         }

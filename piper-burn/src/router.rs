@@ -9,6 +9,7 @@ use burn::prelude::*;
 use burn::tensor::activation::{sigmoid, softmax};
 use serde::{Deserialize, Serialize};
 
+use crate::fused_layers::linear;
 use crate::init::normal_linear;
 
 /// How router logits become scores.
@@ -134,7 +135,7 @@ impl Router {
     pub fn forward(&self, x_td: Tensor<2>) -> Routing {
         let [t, _] = x_td.dims();
         let (e, k) = (self.num_experts, self.top_k);
-        let mut logits_te = self.gate.forward(x_td);
+        let mut logits_te = linear(&self.gate, x_td);
         if let Some(skew_e) = &self.skew_e {
             logits_te = logits_te + skew_e.clone().unsqueeze_dim(0);
         }

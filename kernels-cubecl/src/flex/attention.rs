@@ -29,6 +29,11 @@ pub(super) struct Dims {
 }
 
 impl Dims {
+    /// (query, visible key) pairs over every batch entry and head: `b·h·s(s + 1)/2`.
+    pub(super) fn causal_pairs(&self) -> f64 {
+        (self.b * self.h) as f64 * (self.s * (self.s + 1) / 2) as f64
+    }
+
     fn tiles(&self) -> usize {
         self.s.div_ceil(TILE)
     }

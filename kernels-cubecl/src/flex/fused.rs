@@ -12,7 +12,9 @@ use rayon::prelude::*;
 use super::attention::{self, Dims};
 use super::simd::{self, multiversion};
 use super::{f32s, indices, tensor};
+use super::{linear, norm};
 use crate::fused::{AdamWStep, FusedBackend, generic};
+use crate::profile;
 
 /// Rows per parallel task of the row-wise passes.
 const ROWS_PER_TASK: usize = 16;
@@ -37,7 +39,103 @@ fn attention_dims(q: &FloatTensor<Flex>, k: &FloatTensor<Flex>, v: &FloatTensor<
     agree.then_some(Dims { b, s, h, g, c, e })
 }
 
+/// Whether `x_rk · w_kn (+ b_n)` fits the host kernel: 2-D, f32, agreeing widths (`false` sends the
+/// call to the generic path, which reports a mismatch as Burn does).
+fn linear_fits(x_rk: &FloatTensor<Flex>, w_kn: &FloatTensor<Flex>, b_n: Option<&FloatTensor<Flex>>) -> bool {
+    x_rk.shape().num_dims() == 2
+        && w_kn.shape().num_dims() == 2
+        && x_rk.shape()[1] == w_kn.shape()[0]
+        && all_f32(&[x_rk, w_kn])
+        && b_n.is_none_or(|b| b.shape().dims::<1>() == [w_kn.shape()[1]] && b.dtype() == DType::F32)
+}
+
+/// `2·r·k·n` of `x_rk · w_kn`.
+fn linear_flops(x_rk: &FloatTensor<Flex>, w_kn: &FloatTensor<Flex>) -> f64 {
+    2.0 * (x_rk.shape().num_elements() * w_kn.shape()[1]) as f64
+}
+
 impl FusedBackend for Flex {
+    fn dense_linear(x_rk: FloatTensor<Self>, w_kn: FloatTensor<Self>) -> FloatTensor<Self> {
+        if !linear_fits(&x_rk, &w_kn, None) {
+            return generic::linear::<Self>(x_rk, w_kn);
+        }
+        let _p = profile::op("linear", linear_flops(&x_rk, &w_kn));
+        linear::forward(&x_rk, &w_kn, None)
+    }
+
+    fn dense_linear_bias(
+        x_rk: FloatTensor<Self>,
+        w_kn: FloatTensor<Self>,
+        b_n: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        if !linear_fits(&x_rk, &w_kn, Some(&b_n)) {
+            return generic::linear_bias::<Self>(x_rk, w_kn, b_n);
+        }
+        let _p = profile::op("linear", linear_flops(&x_rk, &w_kn));
+        linear::forward(&x_rk, &w_kn, Some(&b_n))
+    }
+
+    fn dense_linear_backward_x(dy_rn: FloatTensor<Self>, w_kn: FloatTensor<Self>) -> FloatTensor<Self> {
+        let fits = dy_rn.shape().num_dims() == 2 && w_kn.shape().num_dims() == 2 && dy_rn.shape()[1] == w_kn.shape()[1];
+        if !fits || !all_f32(&[&dy_rn, &w_kn]) {
+            return generic::linear_backward_x::<Self>(dy_rn, w_kn);
+        }
+        let (r, [k, n]) = (dy_rn.shape()[0], w_kn.shape().dims::<2>());
+        let _p = profile::op("linear", 2.0 * (r * k * n) as f64);
+        linear::backward_x(&dy_rn, &w_kn)
+    }
+
+    fn dense_linear_backward_w(dy_rn: FloatTensor<Self>, x_rk: FloatTensor<Self>) -> FloatTensor<Self> {
+        let fits = dy_rn.shape().num_dims() == 2 && x_rk.shape().num_dims() == 2 && dy_rn.shape()[0] == x_rk.shape()[0];
+        if !fits || !all_f32(&[&dy_rn, &x_rk]) {
+            return generic::linear_backward_w::<Self>(dy_rn, x_rk);
+        }
+        let _p = profile::op("linear", 2.0 * (x_rk.shape().num_elements() * dy_rn.shape()[1]) as f64);
+        linear::backward_w(&dy_rn, &x_rk)
+    }
+
+    fn dense_linear_backward_b(dy_rn: FloatTensor<Self>) -> FloatTensor<Self> {
+        if dy_rn.shape().num_dims() != 2 || !all_f32(&[&dy_rn]) {
+            return generic::linear_backward_b::<Self>(dy_rn);
+        }
+        let _p = profile::op("linear", 0.0);
+        linear::backward_b(&dy_rn)
+    }
+
+    fn rms_norm(
+        x_rd: FloatTensor<Self>,
+        gamma_d: FloatTensor<Self>,
+        eps: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let fits = x_rd.shape().num_dims() == 2 && gamma_d.shape().dims::<1>() == [x_rd.shape()[1]];
+        if !fits || !all_f32(&[&x_rd, &gamma_d]) {
+            return generic::rms_norm::<Self>(x_rd, gamma_d, eps);
+        }
+        let [r, d] = x_rd.shape().dims::<2>();
+        let _p = profile::op("rms norm", 0.0);
+        let (y, rstd) = norm::forward(&f32s(&x_rd), &f32s(&gamma_d), eps, d);
+        (tensor(y, [r, d]), tensor(rstd, [r]))
+    }
+
+    fn rms_norm_backward(
+        dy_rd: FloatTensor<Self>,
+        x_rd: FloatTensor<Self>,
+        gamma_d: FloatTensor<Self>,
+        rstd_r: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let fits = x_rd.shape().num_dims() == 2
+            && dy_rd.shape() == x_rd.shape()
+            && gamma_d.shape().dims::<1>() == [x_rd.shape()[1]]
+            && rstd_r.shape().dims::<1>() == [x_rd.shape()[0]];
+        if !fits || !all_f32(&[&dy_rd, &x_rd, &gamma_d, &rstd_r]) {
+            return generic::rms_norm_backward::<Self>(dy_rd, x_rd, gamma_d, rstd_r);
+        }
+        let [r, d] = x_rd.shape().dims::<2>();
+        let _p = profile::op("rms norm", 0.0);
+        let (dx, dgamma) = norm::backward(&f32s(&dy_rd), &f32s(&x_rd), &f32s(&gamma_d), &f32s(&rstd_r), d);
+        (tensor(dx, [r, d]), tensor(dgamma, [d]))
+    }
+
     fn causal_attention(
         q_bshc: FloatTensor<Self>,
         k_bsgc: FloatTensor<Self>,
@@ -48,6 +146,7 @@ impl FusedBackend for Flex {
         else {
             return generic::attention_forward::<Self>(q_bshc, k_bsgc, v_bsge, scale);
         };
+        let _p = profile::op("attention", d.causal_pairs() * 2.0 * (d.c + d.e) as f64);
         let (o, lse) = attention::forward(&f32s(&q_bshc), &f32s(&k_bsgc), &f32s(&v_bsge), d, scale);
         (tensor(o, [d.b, d.s, d.h, d.e]), tensor(lse, [d.b, d.h, d.s]))
     }
@@ -67,6 +166,8 @@ impl FusedBackend for Flex {
         let Some(d) = dims else {
             return generic::attention_backward::<Self>(do_bshe, q_bshc, k_bsgc, v_bsge, o_bshe, lse_bhs, scale);
         };
+        // Scores recomputed, then dV, dP, dQ, dK.
+        let _p = profile::op("attention", d.causal_pairs() * 2.0 * (3 * d.c + 2 * d.e) as f64);
         let (dq, dk, dv) = attention::backward(
             &f32s(&do_bshe),
             &f32s(&q_bshc),
@@ -90,6 +191,7 @@ impl FusedBackend for Flex {
             return generic::rotary::<Self>(x_bshk, cos_sk, sin_sk);
         }
         let [_, s, h, k] = dims4(&x_bshk);
+        let _p = profile::op("rotary", 0.0);
         let (x, cos, sin) = (f32s(&x_bshk), f32s(&cos_sk), f32s(&sin_sk));
         let mut y = vec![0f32; x.len()];
         // One task per (batch, position): its h heads share the position's table row.
@@ -113,6 +215,7 @@ impl FusedBackend for Flex {
             return generic::cross_entropy::<Self>(logits_nv, targets_n);
         };
         let (n, v) = (shape[0], shape[1]);
+        let _p = profile::op("cross-entropy", 0.0);
         let logits = f32s(&logits_nv);
         let (mut loss, mut lse) = (vec![0f32; n], vec![0f32; n]);
         loss.par_chunks_mut(ROWS_PER_TASK).zip(lse.par_chunks_mut(ROWS_PER_TASK)).enumerate().for_each(
@@ -141,6 +244,7 @@ impl FusedBackend for Flex {
             return generic::cross_entropy_backward::<Self>(logits_nv, targets_n, lse_n, dloss_n);
         };
         let v = shape[1];
+        let _p = profile::op("cross-entropy", 0.0);
         let (logits, lse, dloss) = (f32s(&logits_nv), f32s(&lse_n), f32s(&dloss_n));
         let mut dlogits = vec![0f32; logits.len()];
         dlogits.par_chunks_mut((ROWS_PER_TASK * v).max(1)).enumerate().for_each(|(task, out)| {
@@ -167,6 +271,7 @@ impl FusedBackend for Flex {
         if !same || !all_f32(&[&param_n, &grad_n, &m_n, &v_n]) {
             return generic::adamw_step::<Self>(param_n, grad_n, m_n, v_n, step);
         }
+        let _p = profile::op("adamw", 0.0);
         let g = f32s(&grad_n);
         let (mut p_t, mut m_t, mut v_t) = (param_n, m_n, v_n);
         const CHUNK: usize = 1 << 14;

@@ -1,13 +1,18 @@
-//! The grouped SwiGLU experts on Flex as tasks: the row work (`G`, `U`, `H`, `Y` forward; `dH`, `dG`,
-//! `dU`, `dX` backward) per block of rows of one expert, and each expert's weight gradients. With many
-//! experts (fine-grained MoE: 64 of a few hundred rows) the tasks run in parallel, each GEMM on one
-//! thread — no fork-join per expert and matrix, and a block's SwiGLU runs while its GEMM outputs are
-//! still in cache; with few large experts (Mixtral's 8) they run in order, each GEMM on all threads.
+//! The grouped SwiGLU experts on Flex as parallel tasks, each GEMM on the task's thread: the row work
+//! (`G`, `U`, `H`, `Y` forward; `dH`, `dG`, `dU`, `dX` backward) per block of rows of one expert, and the
+//! weight gradients per expert, cut along their rows when there are fewer experts than tasks wanted. No
+//! fork-join per expert and matrix, and a block's SwiGLU runs while its GEMM outputs are still in cache.
+//! (Threaded GEMMs one expert after another were slower at every shape measured once the outputs were
+//! no longer zero-filled first: `tiny` 26 → 58–80 GFLOP/s, Mixtral-style d = 256 120 → 138, the coarse
+//! 8 × 512 × 1024 block 0.92 → 1.01 of the dense GEMM rate, 2 threads.)
 //!
 //! Legend: p = rows (sorted by expert), d = model width, f = expert width, e = experts.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
+use super::buffers::{gemm_into, unwritten, written, zeroed};
 use super::experts::{experts, swiglu_backward_chunk, swiglu_chunk};
 use super::gemm::gemm_st;
 
@@ -16,43 +21,27 @@ const ROW_BLOCK: usize = 128;
 /// Tasks per thread the blocks aim at: enough to balance uneven experts, few enough that each GEMM
 /// stays large.
 const TASKS_PER_THREAD: usize = 4;
-/// From this many experts with rows per thread on, the tasks run in parallel with single-threaded
-/// GEMMs; below it one after another, each GEMM on all threads — 8 experts of 512 rows on 2 threads
-/// ran 5–7% slower as parallel tasks than as threaded GEMMs, 64 experts of 256 rows 10–15% faster.
-const PARALLEL_EXPERTS_PER_THREAD: usize = 8;
 
-/// Whether the tasks of `counts_e` run in parallel (else their GEMMs use the threads).
-fn parallel_tasks(counts_e: &[usize]) -> bool {
-    experts(counts_e).count() >= PARALLEL_EXPERTS_PER_THREAD * rayon::current_num_threads()
-}
-
-/// Runs `f` on every task: in parallel, or in order.
-fn run<T: Send>(tasks: Vec<T>, parallel: bool, f: impl Fn(T) + Sync + Send) {
-    if parallel {
-        tasks.into_par_iter().for_each(f);
-    } else {
-        tasks.into_iter().for_each(f);
-    }
+fn wanted_tasks() -> usize {
+    TASKS_PER_THREAD * rayon::current_num_threads()
 }
 
 /// Rows per block when `rows` rows are to be cut into about `TASKS_PER_THREAD` tasks per thread,
 /// at least [`ROW_BLOCK`].
 fn block_rows(rows: usize) -> usize {
-    (rows / (TASKS_PER_THREAD * rayon::current_num_threads()).max(1)).max(ROW_BLOCK)
+    (rows / wanted_tasks().max(1)).max(ROW_BLOCK)
 }
 
-/// `(expert, first row, rows)` blocks covering every expert's rows in order (whole experts when the
-/// tasks run one after another).
-fn row_blocks(counts_e: &[usize], parallel: bool) -> Vec<(usize, usize, usize)> {
-    let total = counts_e.iter().sum();
-    let block = if parallel { block_rows(total) } else { total.max(1) };
+/// `(expert, first row, rows)` blocks covering every expert's rows in order.
+fn row_blocks(counts_e: &[usize]) -> Vec<(usize, usize, usize)> {
+    let block = block_rows(counts_e.iter().sum());
     experts(counts_e)
         .flat_map(|(e, r0, n)| (0..n.div_ceil(block)).map(move |b| (e, r0 + b * block, block.min(n - b * block))))
         .collect()
 }
 
 /// `buf` (rows of `width`) cut into the row ranges of `blocks`, which cover the rows in order.
-fn split_rows<'a>(mut buf: &'a mut [f32], width: usize, blocks: &[(usize, usize, usize)]) -> Vec<&'a mut [f32]> {
+fn split_rows<'a, T>(mut buf: &'a mut [T], width: usize, blocks: &[(usize, usize, usize)]) -> Vec<&'a mut [T]> {
     let mut out = Vec::with_capacity(blocks.len());
     for &(_, _, n) in blocks {
         let (head, tail) = std::mem::take(&mut buf).split_at_mut(n * width);
@@ -71,21 +60,21 @@ pub(super) fn forward(
     f: usize,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let p: usize = counts_e.iter().sum();
-    let (mut g, mut u, mut y) = (vec![0f32; p * f], vec![0f32; p * f], vec![0f32; p * d]);
-    let parallel = parallel_tasks(counts_e);
-    let blocks = row_blocks(counts_e, parallel);
+    let (mut g, mut u, mut y) = (unwritten(p * f), unwritten(p * f), unwritten(p * d));
+    let blocks = row_blocks(counts_e);
     let (gs, us, ys) = (split_rows(&mut g, f, &blocks), split_rows(&mut u, f, &blocks), split_rows(&mut y, d, &blocks));
     let tasks: Vec<_> = blocks.iter().zip(gs).zip(us).zip(ys).collect();
-    let threads = !parallel;
-    run(tasks, parallel, |(((&(e, r0, n), g), u), y)| {
+    tasks.into_par_iter().for_each(|(((&(e, r0, n), g), u), y)| {
         let x = &x[r0 * d..(r0 + n) * d];
         // G = X·Wg, U = X·Wu: [n, d] × [d, f]; H = silu(G) ⊙ U; Y = H·Wd: [n, f] × [f, d].
-        gemm_st(threads, n, f, d, g, false, x, (d, 1), &wg[e * d * f..], (f, 1));
-        gemm_st(threads, n, f, d, u, false, x, (d, 1), &wu[e * d * f..], (f, 1));
+        let g = gemm_into(false, (n, f, d), g, x, (d, 1), &wg[e * d * f..], (f, 1));
+        let u = gemm_into(false, (n, f, d), u, x, (d, 1), &wu[e * d * f..], (f, 1));
         let mut h = vec![0f32; n * f];
         swiglu_chunk(g, u, &mut h);
-        gemm_st(threads, n, d, f, y, false, &h, (f, 1), &wd[e * f * d..], (d, 1));
+        gemm_into(false, (n, d, f), y, &h, (f, 1), &wd[e * f * d..], (d, 1));
     });
+    // SAFETY: the blocks cover every row, and each task wrote its blocks of g, u and y whole.
+    let (g, u, y) = unsafe { (written(g), written(u), written(y)) };
     (y, g, u)
 }
 
@@ -103,37 +92,53 @@ pub(super) fn backward(
     let p: usize = counts_e.iter().sum();
     let ne = counts_e.len();
     // Row tasks: dH = dY·Wdᵀ (becomes dG in place), dU and H beside it, dX = dG·Wgᵀ + dU·Wuᵀ.
-    let (mut dg, mut du, mut h, mut dx) = (vec![0f32; p * f], vec![0f32; p * f], vec![0f32; p * f], vec![0f32; p * d]);
-    let parallel = parallel_tasks(counts_e);
-    let blocks = row_blocks(counts_e, parallel);
-    let threads = !parallel;
+    let (mut dg, mut du, mut h, mut dx) = (unwritten(p * f), unwritten(p * f), unwritten(p * f), unwritten(p * d));
+    let blocks = row_blocks(counts_e);
     let (dgs, dus) = (split_rows(&mut dg, f, &blocks), split_rows(&mut du, f, &blocks));
     let (hs, dxs) = (split_rows(&mut h, f, &blocks), split_rows(&mut dx, d, &blocks));
     let tasks: Vec<_> = blocks.iter().zip(dgs).zip(dus).zip(hs.into_iter().zip(dxs)).collect();
-    run(tasks, parallel, |(((&(e, r0, n), dg), du), (h, dx))| {
+    tasks.into_par_iter().for_each(|(((&(e, r0, n), dg), du), (h, dx))| {
         let dy = &dy[r0 * d..(r0 + n) * d];
         // Wd_e is [f, d] row-major, so its transpose has strides (1, d).
-        gemm_st(threads, n, f, d, dg, false, dy, (d, 1), &wd[e * f * d..], (1, d));
+        let dg = gemm_into(false, (n, f, d), dg, dy, (d, 1), &wd[e * f * d..], (1, d));
+        let (du, h) = (zeroed(du), zeroed(h));
         swiglu_backward_chunk(&g[r0 * f..(r0 + n) * f], &u[r0 * f..(r0 + n) * f], dg, du, h);
-        gemm_st(threads, n, d, f, dx, false, dg, (f, 1), &wg[e * d * f..], (1, f));
-        gemm_st(threads, n, d, f, dx, true, du, (f, 1), &wu[e * d * f..], (1, f));
+        let dx = gemm_into(false, (n, d, f), dx, dg, (f, 1), &wg[e * d * f..], (1, f));
+        gemm_st(false, n, d, f, dx, true, du, (f, 1), &wu[e * d * f..], (1, f));
     });
+    // SAFETY: the blocks cover every row, and each task wrote its blocks whole.
+    let (dg, du, h, dx) = unsafe { (written(dg), written(du), written(h), written(dx)) };
     // Weight tasks: dWg = Xᵀ·dG, dWu = Xᵀ·dU ([d, n] × [n, f]), dWd = Hᵀ·dY ([f, n] × [n, d]).
-    let (mut dwg, mut dwu, mut dwd) = (vec![0f32; ne * d * f], vec![0f32; ne * d * f], vec![0f32; ne * f * d]);
+    let (mut dwg, mut dwu, mut dwd) = (unwritten(ne * d * f), unwritten(ne * d * f), unwritten(ne * f * d));
     let starts: Vec<usize> = counts_e.iter().scan(0, |r, &n| Some(std::mem::replace(r, *r + n))).collect();
     let (dg, du, h) = (&dg, &du, &h);
-    let weight_tasks = |w: &mut [f32], rows: usize, cols: usize, lhs: &[f32], lhs_w: usize, rhs: &[f32]| {
-        // One task per expert (tasks run in parallel only from 8 experts per thread on, plenty to share);
-        // an expert without rows keeps the zero gradient it was allocated with.
-        let tasks: Vec<_> = w.chunks_mut((rows * cols).max(1)).enumerate().filter(|&(e, _)| counts_e[e] > 0).collect();
-        run(tasks, parallel, |(e, w_e)| {
-            let (r0, n) = (starts[e], counts_e[e]);
-            // lhsᵀ [rows, n]: element (i, l) at (r0 + l)·lhs_w + i.
-            gemm_st(threads, rows, cols, n, w_e, false, &lhs[r0 * lhs_w..], (1, lhs_w), &rhs[r0 * cols..], (cols, 1));
-        });
-    };
+    // Pieces of rows per expert's matrix, so that even a few experts make enough tasks.
+    let pieces = wanted_tasks().div_ceil(experts(counts_e).count().max(1));
+    let weight_tasks =
+        |w: &mut [MaybeUninit<f32>], rows: usize, cols: usize, lhs: &[f32], lhs_w: usize, rhs: &[f32]| {
+            let piece = rows.div_ceil(pieces).max(1);
+            let tasks: Vec<_> = w
+                .chunks_mut((rows * cols).max(1))
+                .enumerate()
+                .flat_map(|(e, w_e)| {
+                    w_e.chunks_mut(piece * cols).enumerate().map(move |(j, w_ej)| (e, j * piece, w_ej))
+                })
+                .collect();
+            tasks.into_par_iter().for_each(|(e, i0, w_ej)| {
+                let (r0, n, m) = (starts[e], counts_e[e], w_ej.len() / cols.max(1));
+                if n == 0 {
+                    // An expert without rows: a zero gradient.
+                    zeroed(w_ej);
+                    return;
+                }
+                // Rows i0.. of lhsᵀ [rows, n]: element (i, l) at (r0 + l)·lhs_w + i0 + i.
+                gemm_into(false, (m, cols, n), w_ej, &lhs[r0 * lhs_w + i0..], (1, lhs_w), &rhs[r0 * cols..], (cols, 1));
+            });
+        };
     weight_tasks(&mut dwg, d, f, x, d, dg);
     weight_tasks(&mut dwu, d, f, x, d, du);
     weight_tasks(&mut dwd, f, d, h, f, dy);
+    // SAFETY: the pieces cover every expert's matrix, and each task wrote (or zeroed) its piece whole.
+    let (dwg, dwu, dwd) = unsafe { (written(dwg), written(dwu), written(dwd)) };
     (dx, dwg, dwu, dwd)
 }

@@ -20,15 +20,19 @@ use burn::tensor::{DType, Shape, TensorData};
 use burn_flex::FlexTensor;
 
 mod attention;
+mod buffers;
 mod experts;
 mod fused;
 mod gemm;
 mod grouped_tasks;
+mod linear;
+mod norm;
 mod rows;
 pub(crate) mod simd;
 
 use crate::backend::{MoeBackend, generic};
 use crate::grouped::{grouped_backward, grouped_forward};
+use crate::profile;
 use experts::{swiglu_backward_rows, swiglu_rows};
 
 impl MoeBackend for Flex {
@@ -43,6 +47,8 @@ impl MoeBackend for Flex {
             return grouped_forward::<Self>(x_pd, w_gate_edf, w_up_edf, w_down_efd, &counts_e);
         }
         let (p, d, f) = (x_pd.shape()[0], x_pd.shape()[1], w_gate_edf.shape()[2]);
+        // Three [rows, d] × [d, f]-sized products.
+        let _p = profile::op("grouped experts", 6.0 * (p * d * f) as f64);
         let (x, wg, wu, wd) = (f32s(&x_pd), f32s(&w_gate_edf), f32s(&w_up_edf), f32s(&w_down_efd));
         let (y, g, u) = grouped_tasks::forward(&x, (&wg, &wu, &wd), &counts_e, d, f);
         (tensor(y, [p, d]), tensor(g, [p, f]), tensor(u, [p, f]))
@@ -63,6 +69,8 @@ impl MoeBackend for Flex {
             return grouped_backward::<Self>(dy_pd, x_pd, w_gate_edf, w_up_edf, w_down_efd, g_pf, u_pf, &counts_e);
         }
         let (p, d, f, ne) = (x_pd.shape()[0], x_pd.shape()[1], w_gate_edf.shape()[2], w_gate_edf.shape()[0]);
+        // Three input-gradient and three weight-gradient products.
+        let _p = profile::op("grouped experts", 12.0 * (p * d * f) as f64);
         let (dy, x, g, u) = (f32s(&dy_pd), f32s(&x_pd), f32s(&g_pf), f32s(&u_pf));
         let (wg, wu, wd) = (f32s(&w_gate_edf), f32s(&w_up_edf), f32s(&w_down_efd));
         let (dx, dwg, dwu, dwd) = grouped_tasks::backward(&dy, &x, (&wg, &wu, &wd), (&g, &u), &counts_e, d, f);
@@ -75,6 +83,7 @@ impl MoeBackend for Flex {
             return Self::float_mul(Self::float_mul(gate, sig), up);
         }
         let shape = gate.shape();
+        let _p = profile::op("swiglu", 0.0);
         let (g, u) = (f32s(&gate), f32s(&up));
         let mut h = vec![0f32; g.len()];
         swiglu_rows(&g, &u, &mut h, last_dim(&shape));
@@ -91,6 +100,7 @@ impl MoeBackend for Flex {
             return generic_swiglu_backward(gate, up, grad_h);
         }
         let shape = gate.shape();
+        let _p = profile::op("swiglu", 0.0);
         let (g, u) = (f32s(&gate), f32s(&up));
         let mut dg = f32s(&grad_h).into_owned();
         let mut du = vec![0f32; g.len()];
@@ -103,6 +113,7 @@ impl MoeBackend for Flex {
         let Some(rows) = (dy_pd.dtype() == DType::F32).then(|| indices(&row_tk)).flatten() else {
             return generic::permute_rows_backward::<Self>(dy_pd, row_tk);
         };
+        let _p = profile::op("dispatch", 0.0);
         let mut dx = vec![0f32; t * d];
         rows::permute_backward(&f32s(&dy_pd), &rows, k, d, &mut dx);
         tensor(dx, [t, d])
@@ -119,6 +130,7 @@ impl MoeBackend for Flex {
         let Some(rows) = f32_data.then(|| indices(&row_tk)).flatten() else {
             return generic::combine_rows::<Self>(y_pd, w_tk, row_tk, slot_p);
         };
+        let _p = profile::op("combine", 0.0);
         let mut out = vec![0f32; t * d];
         rows::combine(&f32s(&y_pd), &f32s(&w_tk), &rows, k, d, &mut out);
         tensor(out, [t, d])
@@ -137,6 +149,7 @@ impl MoeBackend for Flex {
         let Some((rows, slots)) = maps else {
             return generic::combine_rows_backward::<Self>(dout_td, y_pd, w_tk, row_tk, slot_p);
         };
+        let _p = profile::op("combine", 0.0);
         let (mut dy, mut dw) = (vec![0f32; p * d], vec![0f32; t * k]);
         rows::combine_backward(&f32s(&dout_td), &f32s(&y_pd), &f32s(&w_tk), &rows, &slots, k, d, &mut dy, &mut dw);
         (tensor(dy, [p, d]), tensor(dw, [t, k]))

@@ -100,6 +100,21 @@ pub(crate) fn sum(xs: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + rest.iter().sum::<f32>()
 }
 
+/// `⟨a, b⟩` over their common length in eight lanes (vectorises; rounding differs from a serial sum).
+#[inline(always)]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (a[..n].chunks_exact(8), b[..n].chunks_exact(8));
+    let rest: f32 = a.remainder().iter().zip(b.remainder()).map(|(x, y)| x * y).sum();
+    let mut acc = [0f32; 8];
+    for (x, y) in a.zip(b) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    acc.iter().sum::<f32>() + rest
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +148,19 @@ mod tests {
             with_nan[at] = f32::NAN;
             assert!(max(&with_nan).is_nan(), "NaN at {at}");
         }
+    }
+
+    #[test]
+    fn dot_matches_the_serial_one() {
+        // Small integers: every partial sum is exact, so any order gives the same value.
+        let a: Vec<f32> = (0..37).map(|i| ((i * 31) % 17) as f32 - 8.0).collect();
+        let b: Vec<f32> = (0..37).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+        let serial = |n: usize| a[..n].iter().zip(&b[..n]).map(|(x, y)| x * y).sum::<f32>();
+        for n in [0, 5, 8, 16, 37] {
+            assert_eq!(dot(&a[..n], &b[..n]), serial(n), "length {n}");
+        }
+        assert_eq!(dot(&a, &b[..9]), serial(9), "the common length");
+        assert!(dot(&[1.0, f32::NAN], &[1.0, 1.0]).is_nan());
     }
 
     #[test]

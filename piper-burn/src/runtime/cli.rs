@@ -68,6 +68,9 @@ pub struct RunArgs {
     /// Plain log lines instead of a progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Print where the steady steps' time goes (rank 0): per phase and per fused operation, with GFLOP/s.
+    #[arg(long)]
+    pub profile: bool,
     /// A plan file (`piper plan --out`), or `auto` (the planner, in memory). Overrides the layout flags.
     #[arg(long)]
     pub plan: Option<String>,

@@ -26,6 +26,7 @@ use super::fingerprint::check_ranks_agree;
 use super::migration::{GroupCoords, MigrationEvent, MigrationSettings, Migrator, move_experts};
 use super::optim::{AdamW, AdamWSettings};
 use super::plan::{check_fits_machine, check_plan};
+use super::profile::{self, StepProfile};
 use super::report::{SavedCheckpoint, StepMetrics, peak_rss_bytes};
 use super::stage::{Stage, StageShape, StepState};
 use crate::corpus::Corpus;
@@ -65,6 +66,8 @@ pub struct Trained {
     pub placements: Vec<ExpertPlacement>,
     /// Seconds this rank took to load its part of the resumed checkpoint.
     pub resume_seconds: Option<f64>,
+    /// Where the steady steps' time went on this rank, when the run profiles ([`super::profile`]).
+    pub profile: Option<StepProfile>,
 }
 
 impl Job<'_> {
@@ -282,7 +285,13 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
     let stream = instructions(plan.schedule, stage as u64, layout.pp, m as u64);
     let tokens_per_step = (run.global_batch * run.seq_len) as f64;
     let mut all = Vec::new();
+    // The profile covers the steps the summary's medians do: all but the first three (warm-up).
+    let profile_from = start_step + 3.min(run.steps.saturating_sub(start_step + 1));
+    let mut profiled_seconds = 0.0;
     for step in start_step..run.steps {
+        if step == profile_from && profile::enabled() {
+            profile::start_window();
+        }
         let start = Instant::now();
         let mut state = st.begin_step(corpus.batch(run.global_batch, run.seq_len + 1), m);
         for instr in &stream {
@@ -353,6 +362,9 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
                 metrics.checkpoint = Some(SavedCheckpoint { folder, bytes, seconds: started.elapsed().as_secs_f64() });
             }
         }
+        if step >= profile_from {
+            profiled_seconds += metrics.step_time_s;
+        }
         on_step(&metrics);
         all.push(metrics);
     }
@@ -361,7 +373,9 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, mut on_step: impl FnMut(&Step
         .into_iter()
         .map(|v| v[0])
         .collect();
-    Ok(Trained { model: st.model, metrics: all, peak_rss_bytes: rss, placements, resume_seconds })
+    let profile =
+        profile::enabled().then(|| StepProfile::collect(run.steps.saturating_sub(profile_from), profiled_seconds));
+    Ok(Trained { model: st.model, metrics: all, peak_rss_bytes: rss, placements, resume_seconds, profile })
 }
 
 /// The migrations the window calls for: every rank decides the same; the ranks of each layer's stage

@@ -12,6 +12,7 @@ pub mod grads;
 pub mod migration;
 pub mod optim;
 pub mod plan;
+pub mod profile;
 pub mod report;
 mod stage;
 pub mod threads;

@@ -17,6 +17,7 @@ use piper_planner::schedule::Instr;
 
 use super::grads::{accumulate, clip_global_norm, parameters, reduce_gradients};
 use super::optim::AdamW;
+use super::profile;
 use crate::dispatcher::{SharedComm, TokenDispatcher};
 use crate::lm::CausalLm;
 
@@ -131,6 +132,14 @@ impl Stage<'_> {
     /// Runs one instruction (its handler) and books its compute time.
     pub fn run(&mut self, instr: Instr, st: &mut StepState, lr: f64) -> Result<(), String> {
         let t = Instant::now();
+        let _phase = profile::phase(match instr {
+            Instr::LoadMicroBatch(_) => "load",
+            Instr::Forward(_) => "forward",
+            Instr::Backward(_) => "backward",
+            Instr::RecvActivation(_) | Instr::SendActivation(_) | Instr::RecvGrad(_) | Instr::SendGrad(_) => "p2p",
+            Instr::ReduceGrads => "gradients",
+            Instr::OptimizerStep => "optimizer",
+        });
         let waited = match instr {
             Instr::LoadMicroBatch(i) => self.load_micro_batch(st, i as usize),
             Instr::RecvActivation(i) => self.recv_activation(st, i as usize)?,
