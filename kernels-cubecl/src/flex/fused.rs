@@ -3,6 +3,8 @@
 //!
 //! Legend: see [`crate::fused`].
 
+use std::mem::MaybeUninit;
+
 use burn::backend::Flex;
 use burn::backend::TensorMetadata;
 use burn::backend::tensor::{FloatTensor, IntTensor};
@@ -10,6 +12,7 @@ use burn::tensor::DType;
 use rayon::prelude::*;
 
 use super::attention::{self, Dims};
+use super::buffers::{unwritten, written};
 use super::simd::{self, multiversion};
 use super::{f32s, indices, tensor};
 use super::{linear, norm};
@@ -246,17 +249,20 @@ impl FusedBackend for Flex {
         let v = shape[1];
         let _p = profile::op("cross-entropy", 0.0);
         let (logits, lse, dloss) = (f32s(&logits_nv), f32s(&lse_n), f32s(&dloss_n));
-        let mut dlogits = vec![0f32; logits.len()];
+        // Not zero-filled first: each row is written whole (see `buffers`).
+        let mut dlogits = unwritten(logits.len());
         dlogits.par_chunks_mut((ROWS_PER_TASK * v).max(1)).enumerate().for_each(|(task, out)| {
             for (i, out) in out.chunks_mut(v.max(1)).enumerate() {
                 let r = task * ROWS_PER_TASK + i;
                 softmax_times(&logits[r * v..(r + 1) * v], lse[r], dloss[r], out);
                 if let Some(x) = out.get_mut(targets[r]) {
-                    *x -= dloss[r];
+                    // SAFETY: just written by `softmax_times`.
+                    *x = MaybeUninit::new(unsafe { x.assume_init() } - dloss[r]);
                 }
             }
         });
-        tensor(dlogits, [shape[0], v])
+        // SAFETY: the chunks cover every row, and `softmax_times` wrote each whole.
+        tensor(unsafe { written(dlogits) }, [shape[0], v])
     }
 
     fn adamw_step(
@@ -272,16 +278,21 @@ impl FusedBackend for Flex {
             return generic::adamw_step::<Self>(param_n, grad_n, m_n, v_n, step);
         }
         let _p = profile::op("adamw", 0.0);
-        let g = f32s(&grad_n);
-        let (mut p_t, mut m_t, mut v_t) = (param_n, m_n, v_n);
+        let (g, p) = (f32s(&grad_n), f32s(&param_n));
+        let (mut m_t, mut v_t) = (m_n, v_n);
+        // The parameter is still held by the model, so it goes to a new buffer (an in-place update would
+        // first copy it, copy-on-write); the moments belong to the optimiser and update in place.
+        let mut p_new = unwritten(n);
         const CHUNK: usize = 1 << 14;
-        f32s_mut(&mut p_t)
+        p_new
             .par_chunks_mut(CHUNK)
+            .zip(p.par_chunks(CHUNK))
             .zip(f32s_mut(&mut m_t).par_chunks_mut(CHUNK))
             .zip(f32s_mut(&mut v_t).par_chunks_mut(CHUNK))
             .zip(g.par_chunks(CHUNK))
-            .for_each(|(((p, m), v), g)| adamw_chunk(p, m, v, g, &step));
-        (p_t, m_t, v_t)
+            .for_each(|((((out, p), m), v), g)| adamw_chunk(p, out, m, v, g, &step));
+        // SAFETY: the chunks cover all n elements and `adamw_chunk` writes each chunk whole.
+        (tensor(unsafe { written(p_new) }, [n]), m_t, v_t)
     }
 }
 
@@ -297,18 +308,19 @@ fn f32s_mut(t: &mut FloatTensor<Flex>) -> &mut [f32] {
 
 multiversion! {
     /// [`crate::adamw_step`] on one chunk, in f32 (as PyTorch's f32 AdamW; the scalars rounded once).
-    fn adamw_chunk(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], st: &AdamWStep) {
+    fn adamw_chunk(p: &[f32], out: &mut [MaybeUninit<f32>], m: &mut [f32], v: &mut [f32], g: &[f32], st: &AdamWStep) {
         let (scale, b1, b2) = (st.grad_scale as f32, st.beta_1 as f32, st.beta_2 as f32);
         let (inv_bias_1, inv_bias_2) = ((1.0 / st.bias_1) as f32, (1.0 / st.bias_2) as f32);
         let (lr, eps, decay) = (st.lr as f32, st.epsilon as f32, (1.0 - st.lr * st.weight_decay) as f32);
-        let n = p.len().min(m.len()).min(v.len()).min(g.len());
+        let n = out.len();
+        assert!(p.len() == n && m.len() == n && v.len() == n && g.len() == n, "adamw: chunks of one length");
         for i in 0..n {
             let gi = g[i] * scale;
             let mi = b1 * m[i] + (1.0 - b1) * gi;
             let vi = b2 * v[i] + (1.0 - b2) * gi * gi;
             m[i] = mi;
             v[i] = vi;
-            p[i] = p[i] * decay - lr * (mi * inv_bias_1) / ((vi * inv_bias_2).sqrt() + eps);
+            out[i] = MaybeUninit::new(p[i] * decay - lr * (mi * inv_bias_1) / ((vi * inv_bias_2).sqrt() + eps));
         }
     }
 }
@@ -351,10 +363,10 @@ multiversion! {
 }
 
 multiversion! {
-    /// `out[j] = e^(x[j] − lse) · scale`.
-    fn softmax_times(x: &[f32], lse: f32, scale: f32, out: &mut [f32]) {
+    /// `out[j] = e^(x[j] − lse) · scale`, writing every element of `out` (as long as `x`).
+    fn softmax_times(x: &[f32], lse: f32, scale: f32, out: &mut [MaybeUninit<f32>]) {
         for (o, &x) in out.iter_mut().zip(x) {
-            *o = simd::exp(x - lse) * scale;
+            *o = MaybeUninit::new(simd::exp(x - lse) * scale);
         }
     }
 }

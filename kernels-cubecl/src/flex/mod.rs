@@ -150,9 +150,10 @@ impl MoeBackend for Flex {
             return generic::combine_rows_backward::<Self>(dout_td, y_pd, w_tk, row_tk, slot_p);
         };
         let _p = profile::op("combine", 0.0);
-        let (mut dy, mut dw) = (vec![0f32; p * d], vec![0f32; t * k]);
+        let (mut dy, mut dw) = (buffers::unwritten(p * d), vec![0f32; t * k]);
         rows::combine_backward(&f32s(&dout_td), &f32s(&y_pd), &f32s(&w_tk), &rows, &slots, k, d, &mut dy, &mut dw);
-        (tensor(dy, [p, d]), tensor(dw, [t, k]))
+        // SAFETY: `combine_backward` writes every row of `dy` whole.
+        (tensor(unsafe { buffers::written(dy) }, [p, d]), tensor(dw, [t, k]))
     }
 }
 

@@ -4,6 +4,8 @@
 //! Legend: t = tokens, k = experts per token, p = permuted rows (t · k), d = row width.
 //! `row_tk[t · k + j]` is the permuted row of (token t, slot j); `slot_p[i]` is the inverse map.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::simd::{self, multiversion};
@@ -44,7 +46,8 @@ pub(super) fn combine(y_pd: &[f32], w_tk: &[f32], row_tk: &[usize], k: usize, d:
     });
 }
 
-/// Backward of [`combine`] from `dout_td`: `dy_pd[i] = w[slot_p[i]] · dout_td[slot_p[i] / k]` and
+/// Backward of [`combine`] from `dout_td`: `dy_pd[i] = w[slot_p[i]] · dout_td[slot_p[i] / k]` (every row
+/// written whole) and
 /// `dw_tk[t, j] = ⟨dout_td[t], y_pd[row_tk[t, j]]⟩`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn combine_backward(
@@ -55,7 +58,7 @@ pub(super) fn combine_backward(
     slot_p: &[usize],
     k: usize,
     d: usize,
-    dy_pd: &mut [f32],
+    dy_pd: &mut [MaybeUninit<f32>],
     dw_tk: &mut [f32],
 ) {
     let chunk = (TOKENS_PER_TASK * d).max(1);
@@ -64,7 +67,7 @@ pub(super) fn combine_backward(
             let slot = slot_p[c * TOKENS_PER_TASK + i];
             let (w, t) = (w_tk[slot], slot / k);
             for (a, &b) in dy.iter_mut().zip(&dout_td[t * d..(t + 1) * d]) {
-                *a = w * b;
+                *a = MaybeUninit::new(w * b);
             }
         }
     });
