@@ -65,3 +65,19 @@ pub(super) unsafe fn written(v: Vec<MaybeUninit<f32>>) -> Vec<f32> {
     // caller guarantees every element is initialised.
     unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast(), v.len(), v.capacity()) }
 }
+
+/// `lhs[m, k] · rhs[k, n]` into a new row-major `[m, n]` buffer (on all threads if `threads`), never
+/// zero-filled.
+pub(super) fn gemm_new(
+    threads: bool,
+    (m, n, k): (usize, usize, usize),
+    lhs: &[f32],
+    lhs_strides: (usize, usize),
+    rhs: &[f32],
+    rhs_strides: (usize, usize),
+) -> Vec<f32> {
+    let mut out = unwritten(m.checked_mul(n).expect("gemm: output size overflows usize"));
+    gemm_into(threads, (m, n, k), &mut out, lhs, lhs_strides, rhs, rhs_strides);
+    // SAFETY: `gemm_into` wrote the whole block.
+    unsafe { written(out) }
+}

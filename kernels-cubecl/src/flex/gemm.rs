@@ -85,25 +85,3 @@ pub(super) fn gemm_st(
         )
     }
 }
-
-/// `lhs[m, k] · rhs[k, n]` into a new row-major `[m, n]` buffer, on all threads if `threads`. The buffer
-/// is not zero-filled first: the GEMM writes every element without reading it (`accumulate` false).
-pub(super) fn gemm_new(
-    threads: bool,
-    (m, n, k): (usize, usize, usize),
-    lhs: &[f32],
-    lhs_strides: (usize, usize),
-    rhs: &[f32],
-    rhs_strides: (usize, usize),
-) -> Vec<f32> {
-    let len = m.checked_mul(n).expect("gemm: output size overflows usize");
-    let mut out = Vec::with_capacity(len);
-    // SAFETY: the spare capacity is valid for `len` writes and aliases nothing; with `accumulate`
-    // false the `gemm` crate stores every element of the block (zeros when k = 0) and reads none of
-    // them before, so all `len` elements are initialised when the length is set.
-    unsafe {
-        gemm_block((m, n, k), out.as_mut_ptr(), len, n, false, lhs, lhs_strides, rhs, rhs_strides, 1.0, threads);
-        out.set_len(len);
-    }
-    out
-}

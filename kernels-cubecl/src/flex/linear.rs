@@ -10,7 +10,8 @@ use burn::backend::TensorMetadata;
 use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
-use super::gemm::{gemm_block, gemm_new};
+use super::buffers::gemm_new;
+use super::gemm::gemm_block;
 use super::{f32s, tensor};
 
 /// A 2-D f32 tensor's storage from its first element, with its `(row, column)` strides; `None` for
