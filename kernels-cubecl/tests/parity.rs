@@ -254,6 +254,38 @@ fn attention_case(device: &Device, [b, s, h, g, c, e]: [usize; 6]) {
     close(&format!("{what} grad v"), &fast.3, &reference.3);
 }
 
+/// Attention over views the kernel reads in place: queries stored head-major (`[b, h, s, c]` with
+/// positions and heads swapped), keys one head broadcast to all `g` (stride 0) and values a narrowed
+/// slice of a wider projection at an offset (as MLA's). Gradients reach the stored tensors.
+fn attention_views_case(device: &Device, [b, s, h, g, c, e]: [usize; 6]) {
+    let seed = (b * 1000 + s * 10 + h) as u64 + 7;
+    let (q, k, kv) =
+        (random([b, h, s, c], 1.0, seed), random([b, s, 1, c], 1.0, seed + 1), random([b, s, g, e + 5], 1.0, seed + 2));
+    let probe = random([b, s, h, e], 1.0, seed + 3);
+    let scale = 1.0 / (c as f32).sqrt();
+    let run = |dev: &Device, fast: bool| {
+        let q_bhsc = Tensor::<4>::from_data(q.clone(), dev).require_grad();
+        let k_bs1c = Tensor::<4>::from_data(k.clone(), dev).require_grad();
+        let kv_bsgx = Tensor::<4>::from_data(kv.clone(), dev).require_grad();
+        let (q_v, k_v, v_v) =
+            (q_bhsc.clone().swap_dims(1, 2), k_bs1c.clone().expand([b, s, g, c]), kv_bsgx.clone().narrow(3, 3, e));
+        let o = if fast {
+            causal_attention(q_v, k_v, v_v, scale)
+        } else {
+            causal_attention_reference(q_v, k_v, v_v, scale)
+        };
+        let grads = (o.clone() * Tensor::from_data(probe.clone(), dev)).sum().backward();
+        let grad = |t: &Tensor<4>| values(t.grad(&grads).unwrap());
+        (values(o), grad(&q_bhsc), grad(&k_bs1c), grad(&kv_bsgx))
+    };
+    let (fast, reference) = (run(device, true), run(&reference_device(), false));
+    let what = format!("attention over views b {b} s {s} h {h} g {g} c {c} e {e}");
+    close(&what, &fast.0, &reference.0);
+    close(&format!("{what} grad q"), &fast.1, &reference.1);
+    close(&format!("{what} grad k"), &fast.2, &reference.2);
+    close(&format!("{what} grad kv"), &fast.3, &reference.3);
+}
+
 fn rotary_case(device: &Device, [b, s, h, k]: [usize; 4]) {
     let (x, probe) = (random([b, s, h, k], 1.0, 41), random([b, s, h, k], 1.0, 42));
     // Tables of a real rotation (cos² + sin² = 1), duplicated over the halves as the models build them.
@@ -332,6 +364,8 @@ fn all_cases(device: &Device) {
     attention_case(device, [1, 5, 2, 2, 4, 4]);
     attention_case(device, [2, 37, 4, 2, 8, 6]);
     attention_case(device, [1, 70, 3, 1, 16, 8]);
+    attention_views_case(device, [2, 37, 4, 2, 8, 6]);
+    attention_views_case(device, [1, 40, 3, 3, 12, 4]);
     rotary_case(device, [2, 7, 3, 8]);
     cross_entropy_case(device, 13, 37);
     cross_entropy_case(device, 3, 1000);

@@ -4,7 +4,8 @@
 //! of the `[b, s, heads, width]` projections (no head transposes, no repeated key/value heads, no mask
 //! tensor, no `s × s` tensor kept). The backward runs per (batch, key/value head) so that the key and
 //! value gradients of all the query heads that share them accumulate in one place, recomputing each
-//! tile's probabilities from the saved log-sum-exp.
+//! tile's probabilities from the saved log-sum-exp. Inputs are read through [`View`]s, so slices of a
+//! wider projection (MLA's values, say) and broadcast heads are read in place.
 //!
 //! Legend: b = batch, s = sequence, h = query heads, g = key/value heads, c = query/key head width,
 //! e = value head width; a tile is up to [`TILE`] consecutive queries.
@@ -41,6 +42,24 @@ impl Dims {
     /// Query rows `r0..r1` of tile `t`.
     fn tile(&self, t: usize) -> (usize, usize) {
         (t * TILE, ((t + 1) * TILE).min(self.s))
+    }
+}
+
+/// A `[b, s, heads, width]` operand read in place: element `(bi, si, hi, x)` is
+/// `data[off + bi·bs + si·ss + hi·hs + x]` (the width contiguous; any non-negative outer strides).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct View<'a> {
+    pub data: &'a [f32],
+    pub off: usize,
+    pub bs: usize,
+    pub ss: usize,
+    pub hs: usize,
+}
+
+impl<'a> View<'a> {
+    /// The elements from `(bi, si, hi, 0)` on; rows (positions) are [`Self::ss`] apart.
+    fn from(&self, bi: usize, si: usize, hi: usize) -> &'a [f32] {
+        &self.data[self.off + bi * self.bs + si * self.ss + hi * self.hs..]
     }
 }
 
@@ -131,7 +150,7 @@ multiversion! {
 }
 
 /// Forward: `(o [b, s, h, e], lse [b, h, s])`.
-pub(super) fn forward(q: &[f32], k: &[f32], v: &[f32], d: Dims, scale: f32) -> (Vec<f32>, Vec<f32>) {
+pub(super) fn forward(q: View, k: View, v: View, d: Dims, scale: f32) -> (Vec<f32>, Vec<f32>) {
     let Dims { b, s, h, g, c, e } = d;
     let mut o = vec![0f32; b * s * h * e];
     let mut lse = vec![0f32; b * h * s];
@@ -143,18 +162,16 @@ pub(super) fn forward(q: &[f32], k: &[f32], v: &[f32], d: Dims, scale: f32) -> (
         let gi = hi / rep;
         let (r0, r1) = d.tile(t);
         let (m, n) = (r1 - r0, r1);
-        let q_t = &q[((bi * s + r0) * h + hi) * c..];
-        let k_b = &k[(bi * s * g + gi) * c..];
-        let v_b = &v[(bi * s * g + gi) * e..];
+        let (q_t, k_b, v_b) = (q.from(bi, r0, hi), k.from(bi, 0, gi), v.from(bi, 0, gi));
         let mut p = vec![0f32; m * n];
         let scores = Shared::new(&mut p);
-        gemm_into((m, n, c), &scores, 0, n, false, q_t, (h * c, 1), k_b, (1, g * c), scale);
+        gemm_into((m, n, c), &scores, 0, n, false, q_t, (q.ss, 1), k_b, (1, k.ss), scale);
         let mut lse_t = [0f32; TILE];
         for (i, row) in p.chunks_mut(n).enumerate() {
             lse_t[i] = softmax_prefix(row, r0 + i + 1);
         }
         // Task (bi, hi, t) alone writes rows r0..r1 of head hi in batch bi of `o` and of `lse`.
-        gemm_into((m, e, n), &o_out, ((bi * s + r0) * h + hi) * e, h * e, false, &p, (n, 1), v_b, (g * e, 1), 1.0);
+        gemm_into((m, e, n), &o_out, ((bi * s + r0) * h + hi) * e, h * e, false, &p, (n, 1), v_b, (v.ss, 1), 1.0);
         // SAFETY: disjoint across tasks (above).
         unsafe { lse_out.copy_in((bi * h + hi) * s + r0, &lse_t[..m]) };
     });
@@ -164,11 +181,11 @@ pub(super) fn forward(q: &[f32], k: &[f32], v: &[f32], d: Dims, scale: f32) -> (
 /// Backward: `(dq [b, s, h, c], dk [b, s, g, c], dv [b, s, g, e])`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn backward(
-    dout: &[f32],
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    o: &[f32],
+    dout: View,
+    q: View,
+    k: View,
+    v: View,
+    o: View,
     lse: &[f32],
     d: Dims,
     scale: f32,
@@ -179,8 +196,7 @@ pub(super) fn backward(
     let rep = h / g;
     (0..b * g).into_par_iter().for_each(|task| {
         let (bi, gi) = (task / g, task % g);
-        let k_b = &k[(bi * s * g + gi) * c..];
-        let v_b = &v[(bi * s * g + gi) * e..];
+        let (k_b, v_b) = (k.from(bi, 0, gi), v.from(bi, 0, gi));
         let (mut dk_acc, mut dv_acc) = (vec![0f32; s * c], vec![0f32; s * e]);
         let (dk_acc_out, dv_acc_out) = (Shared::new(&mut dk_acc), Shared::new(&mut dv_acc));
         let (mut p, mut dp) = (vec![0f32; TILE * s], vec![0f32; TILE * s]);
@@ -189,28 +205,26 @@ pub(super) fn backward(
                 let (r0, r1) = d.tile(t);
                 let (m, n) = (r1 - r0, r1);
                 let (p, dp) = (&mut p[..m * n], &mut dp[..m * n]);
-                let q_t = &q[((bi * s + r0) * h + hi) * c..];
-                let row = |i: usize| ((bi * s + r0 + i) * h + hi) * e;
-                let do_t = &dout[row(0)..];
+                let (q_t, do_t) = (q.from(bi, r0, hi), dout.from(bi, r0, hi));
                 // P = exp(scale · Q_t Kᵀ − lse).
-                gemm_into((m, n, c), &Shared::new(p), 0, n, false, q_t, (h * c, 1), k_b, (1, g * c), scale);
+                gemm_into((m, n, c), &Shared::new(p), 0, n, false, q_t, (q.ss, 1), k_b, (1, k.ss), scale);
                 for (i, p_row) in p.chunks_mut(n).enumerate() {
                     probs_prefix(p_row, r0 + i + 1, lse[(bi * h + hi) * s + r0 + i]);
                 }
                 // dV += Pᵀ dO_t.
-                gemm_into((n, e, m), &dv_acc_out, 0, e, true, p, (1, n), do_t, (h * e, 1), 1.0);
+                gemm_into((n, e, m), &dv_acc_out, 0, e, true, p, (1, n), do_t, (dout.ss, 1), 1.0);
                 // dP = dO_t Vᵀ, then dS = P ⊙ (dP − ⟨dO_i, O_i⟩).
-                gemm_into((m, n, e), &Shared::new(dp), 0, n, false, do_t, (h * e, 1), v_b, (1, g * e), 1.0);
+                gemm_into((m, n, e), &Shared::new(dp), 0, n, false, do_t, (dout.ss, 1), v_b, (1, v.ss), 1.0);
                 for (i, (dp_row, p_row)) in dp.chunks_mut(n).zip(p.chunks(n)).enumerate() {
-                    let (do_i, o_i) = (&dout[row(i)..row(i) + e], &o[row(i)..row(i) + e]);
+                    let (do_i, o_i) = (&dout.from(bi, r0 + i, hi)[..e], &o.from(bi, r0 + i, hi)[..e]);
                     let delta: f32 = do_i.iter().zip(o_i).map(|(a, b)| a * b).sum();
                     softmax_grad(p_row, dp_row, delta);
                 }
                 // dQ_t = scale · dS K (task (bi, gi) alone writes the rows of its query heads);
                 // dK += scale · dSᵀ Q_t.
                 let dq_at = ((bi * s + r0) * h + hi) * c;
-                gemm_into((m, c, n), &dq_out, dq_at, h * c, false, dp, (n, 1), k_b, (g * c, 1), scale);
-                gemm_into((n, c, m), &dk_acc_out, 0, c, true, dp, (1, n), q_t, (h * c, 1), scale);
+                gemm_into((m, c, n), &dq_out, dq_at, h * c, false, dp, (n, 1), k_b, (k.ss, 1), scale);
+                gemm_into((n, c, m), &dk_acc_out, 0, c, true, dp, (1, n), q_t, (q.ss, 1), scale);
             }
         }
         // Task (bi, gi) alone writes key/value head gi of batch bi.

@@ -3,6 +3,7 @@
 //!
 //! Legend: see [`crate::fused`].
 
+use std::borrow::Cow;
 use std::mem::MaybeUninit;
 
 use burn::backend::Flex;
@@ -11,7 +12,7 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::tensor::DType;
 use rayon::prelude::*;
 
-use super::attention::{self, Dims};
+use super::attention::{self, Dims, View};
 use super::buffers::{unwritten, written};
 use super::simd::{self, multiversion};
 use super::{f32s, indices, tensor};
@@ -40,6 +41,37 @@ fn attention_dims(q: &FloatTensor<Flex>, k: &FloatTensor<Flex>, v: &FloatTensor<
     let ([b, s, h, c], [kb, ks, g, kc], [vb, vs, vg, e]) = (dims4(q), dims4(k), dims4(v));
     let agree = (kb, ks, kc, vb, vs, vg) == (b, s, c, b, s, g) && g > 0 && h.is_multiple_of(g);
     agree.then_some(Dims { b, s, h, g, c, e })
+}
+
+/// A `[b, s, heads, width]` f32 tensor for [`View`]: itself when its width is contiguous and its strides
+/// non-negative (a narrowed or broadcast projection is read in place), else one contiguous copy.
+fn strided4(t: &FloatTensor<Flex>) -> Cow<'_, FloatTensor<Flex>> {
+    let layout = t.layout();
+    let (st, [b, s, h, w]) = (layout.strides(), dims4(t));
+    let fits = st.len() == 4 && st.iter().all(|&x| x >= 0) && (st[3] == 1 || w <= 1) && {
+        // One past the last element the view reads, within the storage.
+        let reach = [(b, st[0]), (s, st[1]), (h, st[2])]
+            .iter()
+            .try_fold(layout.start_offset().checked_add(w), |end, &(n, x)| {
+                Some(end?.checked_add(n.checked_sub(1)?.checked_mul(x as usize)?))
+            })
+            .flatten();
+        reach.is_some_and(|end| end <= t.storage::<f32>().len())
+    };
+    if fits { Cow::Borrowed(t) } else { Cow::Owned(t.to_contiguous()) }
+}
+
+/// The [`View`] of a tensor [`strided4`] accepted.
+fn view4(t: &FloatTensor<Flex>) -> View<'_> {
+    let layout = t.layout();
+    let st = layout.strides();
+    View {
+        data: t.storage::<f32>(),
+        off: layout.start_offset(),
+        bs: st[0] as usize,
+        ss: st[1] as usize,
+        hs: st[2] as usize,
+    }
 }
 
 /// Whether `x_rk · w_kn (+ b_n)` fits the host kernel: 2-D, f32, agreeing widths (`false` sends the
@@ -150,7 +182,8 @@ impl FusedBackend for Flex {
             return generic::attention_forward::<Self>(q_bshc, k_bsgc, v_bsge, scale);
         };
         let _p = profile::op("attention", d.causal_pairs() * 2.0 * (d.c + d.e) as f64);
-        let (o, lse) = attention::forward(&f32s(&q_bshc), &f32s(&k_bsgc), &f32s(&v_bsge), d, scale);
+        let (q, k, v) = (strided4(&q_bshc), strided4(&k_bsgc), strided4(&v_bsge));
+        let (o, lse) = attention::forward(view4(&q), view4(&k), view4(&v), d, scale);
         (tensor(o, [d.b, d.s, d.h, d.e]), tensor(lse, [d.b, d.h, d.s]))
     }
 
@@ -171,16 +204,10 @@ impl FusedBackend for Flex {
         };
         // Scores recomputed, then dV, dP, dQ, dK.
         let _p = profile::op("attention", d.causal_pairs() * 2.0 * (3 * d.c + 2 * d.e) as f64);
-        let (dq, dk, dv) = attention::backward(
-            &f32s(&do_bshe),
-            &f32s(&q_bshc),
-            &f32s(&k_bsgc),
-            &f32s(&v_bsge),
-            &f32s(&o_bshe),
-            &f32s(&lse_bhs),
-            d,
-            scale,
-        );
+        let (d_o, q, k) = (strided4(&do_bshe), strided4(&q_bshc), strided4(&k_bsgc));
+        let (v, o) = (strided4(&v_bsge), strided4(&o_bshe));
+        let (dq, dk, dv) =
+            attention::backward(view4(&d_o), view4(&q), view4(&k), view4(&v), view4(&o), &f32s(&lse_bhs), d, scale);
         (tensor(dq, [d.b, d.s, d.h, d.c]), tensor(dk, [d.b, d.s, d.g, d.c]), tensor(dv, [d.b, d.s, d.g, d.e]))
     }
 

@@ -10,8 +10,6 @@
 //!
 //! Legend: p = rows (sorted by expert), d = model width, f = expert width, e = experts.
 
-use std::borrow::Cow;
-
 use burn::backend::Flex;
 use burn::backend::TensorMetadata;
 use burn::backend::ops::{ActivationOps, FloatTensorOps};
@@ -174,11 +172,35 @@ fn last_dim(shape: &Shape) -> usize {
     }
 }
 
+/// A tensor's f32 elements in row-major order: borrowed when already contiguous, else one contiguous
+/// copy (kept as the tensor Flex made, not copied again into a `Vec`).
+enum F32s<'a> {
+    Borrowed(&'a [f32]),
+    Copied(FlexTensor),
+}
+
+impl std::ops::Deref for F32s<'_> {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        match self {
+            F32s::Borrowed(s) => s,
+            F32s::Copied(t) => t.as_slice::<f32>().expect("to_contiguous gives a contiguous f32 tensor"),
+        }
+    }
+}
+
+impl F32s<'_> {
+    fn into_owned(self) -> Vec<f32> {
+        self.to_vec()
+    }
+}
+
 /// The tensor's f32 elements in row-major order (borrowed when already contiguous).
-fn f32s(t: &FlexTensor) -> Cow<'_, [f32]> {
+fn f32s(t: &FlexTensor) -> F32s<'_> {
     match t.as_slice::<f32>() {
-        Some(s) => Cow::Borrowed(s),
-        None => Cow::Owned(t.to_contiguous().as_slice::<f32>().expect("contiguous f32").to_vec()),
+        Some(s) => F32s::Borrowed(s),
+        None => F32s::Copied(t.to_contiguous()),
     }
 }
 
