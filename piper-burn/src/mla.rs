@@ -84,17 +84,37 @@ impl MlaConfig {
 }
 
 impl Mla {
-    /// Rotary embedding of the queries' and keys' rope parts; interleaved dims (x0, x1, x2, x3, …) are
-    /// first regrouped to halves (x0, x2, …, x1, x3, …), as transformers' `apply_rotary_pos_emb_interleave`.
-    fn rotate(&self, q_bshr: Tensor<4>, k_bs1r: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
-        let halves = |x: Tensor<4>| {
-            if !self.rope_interleave {
-                return x;
-            }
-            let [b, s, h, r] = x.dims();
-            x.reshape([b, s, h, r / 2, 2]).swap_dims(3, 4).reshape([b, s, h, r])
+    /// `layer`'s output columns `start..start + len` of each of its `heads` blocks of `width`, as one
+    /// linear layer over a view of its weight (and bias): a slice of a projection costs a copy of the
+    /// small weight, not of the activations, and its gradient lands in the weight's. With `halves`, the
+    /// slice's interleaved pairs (x0, x1, x2, x3, …) come out regrouped to halves (x0, x2, …, x1, x3, …),
+    /// as transformers' `apply_rotary_pos_emb_interleave` regroups the rotary dims.
+    ///
+    /// # Shapes
+    /// - `x_bsi`: `[b, s, i]` → `[b, s, heads · len]`
+    #[allow(clippy::too_many_arguments)]
+    fn project(
+        layer: &Linear,
+        x_bsi: Tensor<3>,
+        heads: usize,
+        width: usize,
+        start: usize,
+        len: usize,
+        halves: bool,
+    ) -> Tensor<3> {
+        let cols = |t_ix: Tensor<2>| {
+            let rows = t_ix.dims()[0];
+            let part = t_ix.reshape([rows, heads, width]).narrow(2, start, len);
+            let part = if halves {
+                part.reshape([rows, heads, len / 2, 2]).swap_dims(2, 3)
+            } else {
+                part.reshape([rows, heads, 1, len])
+            };
+            part.reshape([rows, heads * len])
         };
-        self.rope.forward_qk(halves(q_bshr), halves(k_bs1r))
+        let w_io = cols(layer.weight.val());
+        let b_o = layer.bias.as_ref().map(|b| cols(b.val().unsqueeze_dim::<2>(0)).squeeze_dim::<1>(0));
+        kernels_cubecl::linear(x_bsi, w_io, b_o)
     }
 
     /// # Shapes
@@ -102,20 +122,20 @@ impl Mla {
     pub fn forward(&self, x_bsd: Tensor<3>) -> Tensor<3> {
         let [b, s, _] = x_bsd.dims();
         let (h, n, r, v) = (self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim);
-        let q_bsx = match (&self.q_proj, &self.q_a_proj, &self.q_a_norm, &self.q_b_proj) {
-            (Some(q), _, _, _) => linear(q, x_bsd.clone()),
-            (None, Some(a), Some(norm), Some(bp)) => linear(bp, rms_norm(norm, linear(a, x_bsd.clone()))),
+        let (c, halves) = (self.kv_lora_rank, self.rope_interleave);
+        let (q_layer, xq_bsi) = match (&self.q_proj, &self.q_a_proj, &self.q_a_norm, &self.q_b_proj) {
+            (Some(q), _, _, _) => (q, x_bsd.clone()),
+            (None, Some(a), Some(norm), Some(bp)) => (bp, rms_norm(norm, linear(a, x_bsd.clone()))),
             _ => unreachable!("set at init"),
         };
-        let q_bshx = q_bsx.reshape([b, s, h, n + r]);
-        let q_nope = q_bshx.clone().narrow(3, 0, n);
-        let ckv_bsx = linear(&self.kv_a_proj, x_bsd);
-        let latent_bsc = ckv_bsx.clone().narrow(2, 0, self.kv_lora_rank);
-        let k_rope_bs1r = ckv_bsx.narrow(2, self.kv_lora_rank, r).reshape([b, s, 1, r]);
-        let (q_rope, k_rope_bs1r) = self.rotate(q_bshx.narrow(3, n, r), k_rope_bs1r);
-        let kv_bshx = linear(&self.kv_b_proj, rms_norm(&self.kv_a_norm, latent_bsc)).reshape([b, s, h, n + v]);
-        let k_nope = kv_bshx.clone().narrow(3, 0, n);
-        let v_bshv = kv_bshx.narrow(3, n, v);
+        let q_nope = Self::project(q_layer, xq_bsi.clone(), h, n + r, 0, n, false).reshape([b, s, h, n]);
+        let q_rope = Self::project(q_layer, xq_bsi, h, n + r, n, r, halves).reshape([b, s, h, r]);
+        let latent_bsc = Self::project(&self.kv_a_proj, x_bsd.clone(), 1, c + r, 0, c, false);
+        let k_rope_bs1r = Self::project(&self.kv_a_proj, x_bsd, 1, c + r, c, r, halves).reshape([b, s, 1, r]);
+        let (q_rope, k_rope_bs1r) = self.rope.forward_qk(q_rope, k_rope_bs1r);
+        let latent_bsc = rms_norm(&self.kv_a_norm, latent_bsc);
+        let k_nope = Self::project(&self.kv_b_proj, latent_bsc.clone(), h, n + v, 0, n, false).reshape([b, s, h, n]);
+        let v_bshv = Self::project(&self.kv_b_proj, latent_bsc, h, n + v, n, v, false).reshape([b, s, h, v]);
         let q = Tensor::cat(vec![q_nope, q_rope], 3);
         let k = Tensor::cat(vec![k_nope, k_rope_bs1r.expand([b, s, h, r])], 3);
         let out_bshv = kernels_cubecl::causal_attention(q, k, v_bshv, 1.0 / ((n + r) as f32).sqrt());
