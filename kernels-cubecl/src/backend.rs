@@ -12,8 +12,7 @@
 #![cfg_attr(feature = "ndarray", allow(deprecated))]
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::{Backend, TensorMetadata, backend_extension, get_or_init_device_settings};
-use burn::tensor::IndexingUpdateOp;
+use burn::backend::{Backend, backend_extension};
 
 use crate::grouped::{grouped_backward, grouped_forward};
 
@@ -115,14 +114,7 @@ pub trait MoeBackend: burn::backend::Backend {
     /// Softmax top-k gating: the `k` largest of `softmax(logits_te)` per token in descending order,
     /// as `(w_tk, idx_tk)`, the weights divided by their sum when `renormalize`.
     fn topk_softmax(logits_te: FloatTensor<Self>, k: usize, renormalize: bool) -> (FloatTensor<Self>, IntTensor<Self>) {
-        let probs = softmax_rows::<Self>(logits_te);
-        let int_dtype = get_or_init_device_settings::<Self>(&probs.device()).int_dtype;
-        let (w_tk, idx_tk) = Self::float_topk_with_indices(probs, 1, k, int_dtype);
-        if renormalize {
-            let sum_t1 = Self::float_sum_dim(w_tk.clone(), 1);
-            return (Self::float_div(w_tk, sum_t1), idx_tk);
-        }
-        (w_tk, idx_tk)
+        generic::topk_softmax::<Self>(logits_te, k, renormalize)
     }
 
     /// Backward of [`Self::topk_softmax`] from `dw_tk`, given its outputs: `d logits_te`.
@@ -133,19 +125,7 @@ pub trait MoeBackend: burn::backend::Backend {
         dw_tk: FloatTensor<Self>,
         renormalize: bool,
     ) -> FloatTensor<Self> {
-        let probs_te = softmax_rows::<Self>(logits_te);
-        // g = ∂L/∂p at the picked experts.
-        let g_tk = if renormalize {
-            let mass_t1 = Self::float_sum_dim(Self::float_gather(1, probs_te.clone(), idx_tk.clone()), 1);
-            let dot_t1 = Self::float_sum_dim(Self::float_mul(dw_tk.clone(), w_tk), 1);
-            Self::float_div(Self::float_sub(dw_tk, dot_t1), mass_t1)
-        } else {
-            dw_tk
-        };
-        let zeros = Self::float_zeros(probs_te.shape(), &probs_te.device(), probs_te.dtype().into());
-        let g_te = Self::float_scatter(1, zeros, idx_tk, g_tk, IndexingUpdateOp::Add);
-        let gp_t1 = Self::float_sum_dim(Self::float_mul(g_te.clone(), probs_te.clone()), 1);
-        Self::float_mul(probs_te, Self::float_sub(g_te, gp_t1))
+        generic::topk_softmax_backward::<Self>(logits_te, idx_tk, w_tk, dw_tk, renormalize)
     }
 }
 
@@ -164,10 +144,48 @@ fn softmax_rows<B: Backend>(logits_te: FloatTensor<B>) -> FloatTensor<B> {
 /// The generic definitions on Burn's primitive ops, also the fallback of backends that override an op
 /// for some dtypes only.
 pub(crate) mod generic {
-    use burn::backend::Backend;
-    use burn::backend::TensorMetadata;
     use burn::backend::tensor::{FloatTensor, IntTensor};
-    use burn::tensor::Shape;
+    use burn::backend::{Backend, TensorMetadata, get_or_init_device_settings};
+    use burn::tensor::{IndexingUpdateOp, Shape};
+
+    /// [`super::MoeBackend::topk_softmax`] on Burn's ops.
+    pub(crate) fn topk_softmax<B: Backend>(
+        logits_te: FloatTensor<B>,
+        k: usize,
+        renormalize: bool,
+    ) -> (FloatTensor<B>, IntTensor<B>) {
+        let probs = super::softmax_rows::<B>(logits_te);
+        let int_dtype = get_or_init_device_settings::<B>(&probs.device()).int_dtype;
+        let (w_tk, idx_tk) = B::float_topk_with_indices(probs, 1, k, int_dtype);
+        if renormalize {
+            let sum_t1 = B::float_sum_dim(w_tk.clone(), 1);
+            return (B::float_div(w_tk, sum_t1), idx_tk);
+        }
+        (w_tk, idx_tk)
+    }
+
+    /// [`super::MoeBackend::topk_softmax_backward`] on Burn's ops.
+    pub(crate) fn topk_softmax_backward<B: Backend>(
+        logits_te: FloatTensor<B>,
+        idx_tk: IntTensor<B>,
+        w_tk: FloatTensor<B>,
+        dw_tk: FloatTensor<B>,
+        renormalize: bool,
+    ) -> FloatTensor<B> {
+        let probs_te = super::softmax_rows::<B>(logits_te);
+        // g = ∂L/∂p at the picked experts.
+        let g_tk = if renormalize {
+            let mass_t1 = B::float_sum_dim(B::float_gather(1, probs_te.clone(), idx_tk.clone()), 1);
+            let dot_t1 = B::float_sum_dim(B::float_mul(dw_tk.clone(), w_tk), 1);
+            B::float_div(B::float_sub(dw_tk, dot_t1), mass_t1)
+        } else {
+            dw_tk
+        };
+        let zeros = B::float_zeros(probs_te.shape(), &probs_te.device(), probs_te.dtype().into());
+        let g_te = B::float_scatter(1, zeros, idx_tk, g_tk, IndexingUpdateOp::Add);
+        let gp_t1 = B::float_sum_dim(B::float_mul(g_te.clone(), probs_te.clone()), 1);
+        B::float_mul(probs_te, B::float_sub(g_te, gp_t1))
+    }
 
     pub(crate) fn permute_rows_backward<B: Backend>(dy_pd: FloatTensor<B>, row_tk: IntTensor<B>) -> FloatTensor<B> {
         let (t, k, d) = (row_tk.shape()[0], row_tk.shape()[1], dy_pd.shape()[1]);

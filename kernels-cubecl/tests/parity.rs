@@ -118,7 +118,10 @@ fn permute_combine_case_sized(device: &Device, t: usize, k: usize, e: usize, d: 
 }
 
 fn topk_case(device: &Device, k: usize, renormalize: bool) {
-    let (t, e) = (11, 8);
+    topk_case_sized(device, 11, 8, k, renormalize);
+}
+
+fn topk_case_sized(device: &Device, t: usize, e: usize, k: usize, renormalize: bool) {
     let (logits, probe) = (random([t, e], 2.0, 9 + k as u64), random([t, k], 1.0, 10));
     let run = |dev: &Device, fast: bool| {
         let l = Tensor::<2>::from_data(logits.clone(), dev).require_grad();
@@ -131,7 +134,7 @@ fn topk_case(device: &Device, k: usize, renormalize: bool) {
         (values(w), int_values(idx), values(l.grad(&grads).unwrap()))
     };
     let (fast, reference) = (run(device, true), run(&reference_device(), false));
-    let what = format!("top-{k} softmax (renormalize {renormalize})");
+    let what = format!("top-{k} of {e} softmax over {t} tokens (renormalize {renormalize})");
     assert_eq!(fast.1, reference.1, "{what}: experts picked");
     close(&what, &fast.0, &reference.0);
     close(&format!("{what} grad logits"), &fast.2, &reference.2);
@@ -377,6 +380,9 @@ fn all_cases(device: &Device) {
         topk_case(device, k, false);
         topk_case(device, k, true);
     }
+    // Tokens over several tasks of 64; fine-grained experts.
+    topk_case_sized(device, 150, 32, 6, true);
+    topk_case_sized(device, 130, 64, 8, false);
     grouped_case(device, &[3, 0, 5, 1]);
     grouped_case(device, &[0, 0, 9, 0]);
     grouped_case(device, &[2, 2, 2, 2, 2, 2, 2, 2]);

@@ -10,10 +10,10 @@
 //!
 //! Legend: p = rows (sorted by expert), d = model width, f = expert width, e = experts.
 
-use burn::backend::Flex;
 use burn::backend::TensorMetadata;
 use burn::backend::ops::{ActivationOps, FloatTensorOps};
 use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Flex, get_or_init_device_settings};
 use burn::tensor::{DType, Shape, TensorData};
 use burn_flex::FlexTensor;
 
@@ -21,6 +21,7 @@ mod attention;
 mod buffers;
 mod experts;
 mod fused;
+mod gating;
 mod gemm;
 mod grouped_tasks;
 mod linear;
@@ -153,6 +154,36 @@ impl MoeBackend for Flex {
         // SAFETY: `combine_backward` writes every row of `dy` whole.
         (tensor(unsafe { buffers::written(dy) }, [p, d]), tensor(dw, [t, k]))
     }
+
+    fn topk_softmax(logits_te: FloatTensor<Self>, k: usize, renormalize: bool) -> (FloatTensor<Self>, IntTensor<Self>) {
+        let [t, e] = logits_te.shape().dims::<2>();
+        if logits_te.dtype() != DType::F32 || k > e {
+            return generic::topk_softmax::<Self>(logits_te, k, renormalize);
+        }
+        let _p = profile::op("router top-k", 0.0);
+        let (w, idx) = gating::topk_softmax(&f32s(&logits_te), e, k, renormalize);
+        let int_dtype = get_or_init_device_settings::<Self>(&logits_te.device()).int_dtype;
+        (tensor(w, [t, k]), index_tensor(idx, [t, k], int_dtype))
+    }
+
+    fn topk_softmax_backward(
+        logits_te: FloatTensor<Self>,
+        idx_tk: IntTensor<Self>,
+        w_tk: FloatTensor<Self>,
+        dw_tk: FloatTensor<Self>,
+        renormalize: bool,
+    ) -> FloatTensor<Self> {
+        let [_, e] = logits_te.shape().dims::<2>();
+        let k = w_tk.shape()[1];
+        let f32_data = [&logits_te, &w_tk, &dw_tk].iter().all(|t| t.dtype() == DType::F32);
+        let Some(idx) = f32_data.then(|| indices(&idx_tk)).flatten().filter(|idx| idx.iter().all(|&j| j < e)) else {
+            return generic::topk_softmax_backward::<Self>(logits_te, idx_tk, w_tk, dw_tk, renormalize);
+        };
+        let _p = profile::op("router top-k", 0.0);
+        let dl =
+            gating::topk_softmax_backward(&f32s(&logits_te), &idx, &f32s(&w_tk), &f32s(&dw_tk), (e, k), renormalize);
+        tensor(dl, logits_te.shape().dims::<2>())
+    }
 }
 
 /// The generic backward of [`MoeBackend::swiglu`] (Burn ops), for dtypes the fused pass does not cover.
@@ -211,6 +242,16 @@ fn indices(t: &FlexTensor) -> Option<Vec<usize>> {
         DType::I64 => t.as_slice::<i64>()?.iter().map(|&v| usize::try_from(v).ok()).collect(),
         DType::I32 => t.as_slice::<i32>()?.iter().map(|&v| usize::try_from(v).ok()).collect(),
         _ => None,
+    }
+}
+
+/// Indices as an index tensor of `dtype` (i64 unless the device's settings ask for i32).
+fn index_tensor<const N: usize>(idx: Vec<usize>, shape: [usize; N], dtype: burn::tensor::IntDType) -> FlexTensor {
+    match dtype {
+        burn::tensor::IntDType::I32 => {
+            FlexTensor::from_data(TensorData::new(idx.into_iter().map(|i| i as i32).collect(), shape))
+        }
+        _ => FlexTensor::from_data(TensorData::new(idx.into_iter().map(|i| i as i64).collect(), shape)),
     }
 }
 
