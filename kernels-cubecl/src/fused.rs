@@ -180,6 +180,16 @@ pub fn adamw_step(
     (burn::Tensor::from_dispatch(p), burn::Tensor::from_dispatch(m), burn::Tensor::from_dispatch(v))
 }
 
+/// `Σ x²` over every element of `x`, as a one-element tensor: the square of the gradient norm that global
+/// clipping needs, in one pass (accumulated in f64 on Flex) instead of a squared copy and a sum.
+///
+/// # Shapes
+/// - `x`: any → `[1]`
+pub fn square_sum<const D: usize>(x: burn::Tensor<D>) -> burn::Tensor<1> {
+    let n = x.shape().num_elements();
+    burn::Tensor::from_dispatch(Dispatch::square_sum(x.reshape([n]).into_dispatch()))
+}
+
 /// The fused dense operations a backend provides.
 #[backend_extension(Autodiff, Cube: cfg(feature = "cube-runtime"), Flex, NdArray: cfg(feature = "ndarray"))]
 pub trait FusedBackend: burn::backend::Backend {
@@ -294,6 +304,11 @@ pub trait FusedBackend: burn::backend::Backend {
         step: AdamWStep,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         generic::adamw_step::<Self>(param_n, grad_n, m_n, v_n, step)
+    }
+
+    /// `Σ x²` of `x_n` as `[1]`, see [`square_sum`]. Not differentiable (clipping runs outside the graph).
+    fn square_sum(x_n: FloatTensor<Self>) -> FloatTensor<Self> {
+        generic::square_sum::<Self>(x_n)
     }
 }
 
@@ -485,6 +500,10 @@ pub(crate) mod generic {
         let targets_n1 = B::int_reshape(targets_n, Shape::new([n, 1]));
         let onehot_nv = B::float_scatter(1, zeros_nv, targets_n1, ones_n1, IndexingUpdateOp::Add);
         B::float_mul(B::float_sub(probs_nv, onehot_nv), dloss_n1)
+    }
+
+    pub(crate) fn square_sum<B: Backend>(x_n: FloatTensor<B>) -> FloatTensor<B> {
+        B::float_sum(B::float_mul(x_n.clone(), x_n))
     }
 
     pub(crate) fn adamw_step<B: Backend>(

@@ -213,4 +213,8 @@ impl<B: FusedBackend, C: CheckpointStrategy> FusedBackend for Autodiff<B, C> {
         let (p, m, v) = B::adamw_step(inner(param_n), inner(grad_n), inner(m_n), inner(v_n), step);
         (Autodiff::<B, C>::from_inner(p), Autodiff::<B, C>::from_inner(m), Autodiff::<B, C>::from_inner(v))
     }
+
+    fn square_sum(x_n: FloatTensor<Self>) -> FloatTensor<Self> {
+        Autodiff::<B, C>::from_inner(B::square_sum(x_n.into_primitive()))
+    }
 }

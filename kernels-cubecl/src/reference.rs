@@ -145,3 +145,8 @@ pub fn adamw_step_reference(
     let update = (m.clone() / st.bias_1) / ((v.clone() / st.bias_2).sqrt() + st.epsilon);
     (param_n * (1.0 - st.lr * st.weight_decay) - update * st.lr, m, v)
 }
+
+/// `Σ x²` on tensor ops (see [`crate::square_sum`]).
+pub fn square_sum_reference<const D: usize>(x: Tensor<D>) -> Tensor<1> {
+    x.powi_scalar(2).sum()
+}

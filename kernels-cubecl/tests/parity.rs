@@ -350,6 +350,13 @@ fn adamw_case(device: &Device, n: usize) {
     close("adamw v", &fast.2, &reference.2);
 }
 
+fn square_sum_case(device: &Device, n: usize) {
+    let x = random([n], 1.0, 91);
+    let fast = values(square_sum(Tensor::<1>::from_data(x.clone(), device)));
+    let reference = values(square_sum_reference(Tensor::<1>::from_data(x, &reference_device())));
+    close(&format!("square sum of {n}"), &fast, &reference);
+}
+
 fn all_cases(device: &Device) {
     // A width with a remainder past the 8-lane chunks; rows over several tasks of 32.
     rms_norm_case(device, [2, 5, 13]);
@@ -362,6 +369,9 @@ fn all_cases(device: &Device) {
     linear_case(device, [2, 9, 12, 20], false, true);
     adamw_case(device, 5);
     adamw_case(device, 40_000);
+    // A remainder past the 8 lanes; several parallel chunks of 2^14.
+    square_sum_case(device, 13);
+    square_sum_case(device, 100_003);
     // Query tiles of 32: one partial tile, several with a partial last one, grouped and plain heads,
     // value heads narrower than query/key heads (MLA).
     attention_case(device, [1, 5, 2, 2, 4, 4]);

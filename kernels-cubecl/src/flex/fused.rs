@@ -321,6 +321,16 @@ impl FusedBackend for Flex {
         // SAFETY: the chunks cover all n elements and `adamw_chunk` writes each chunk whole.
         (tensor(unsafe { written(p_new) }, [n]), m_t, v_t)
     }
+
+    fn square_sum(x_n: FloatTensor<Self>) -> FloatTensor<Self> {
+        if !all_f32(&[&x_n]) {
+            return generic::square_sum::<Self>(x_n);
+        }
+        let _p = profile::op("square sum", 0.0);
+        const CHUNK: usize = 1 << 14;
+        let sum: f64 = f32s(&x_n).par_chunks(CHUNK).map(square_sum_chunk).sum();
+        tensor(vec![sum as f32], [1])
+    }
 }
 
 /// A contiguous f32 tensor's elements to update in place: its own storage when nothing else holds it
@@ -331,6 +341,21 @@ fn f32s_mut(t: &mut FloatTensor<Flex>) -> &mut [f32] {
     }
     let (start, end) = t.layout().contiguous_offsets().expect("contiguous after to_contiguous");
     &mut t.storage_mut::<f32>()[start..end]
+}
+
+multiversion! {
+    /// `Σ x²` of one chunk: f32 lanes of eight, added up in f64.
+    fn square_sum_chunk(x: &[f32]) -> f64 {
+        let mut lanes = [0f32; 8];
+        let chunks = x.chunks_exact(8);
+        let rest: f64 = chunks.remainder().iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        for c in chunks {
+            for (l, &v) in lanes.iter_mut().zip(c) {
+                *l = v.mul_add(v, *l);
+            }
+        }
+        lanes.iter().map(|&l| f64::from(l)).sum::<f64>() + rest
+    }
 }
 
 multiversion! {

@@ -100,7 +100,7 @@ pub fn reduce_gradients(
 fn square_sum<const D: usize>(grads: &GradientsParams, id: ParamId, out: &mut f64) -> Result<(), String> {
     if let Some(g) = grads.get::<D>(id) {
         let v: Vec<f32> =
-            g.powi_scalar(2).sum().into_data().convert::<f32>().try_into_vec().map_err(|e| format!("{e:?}"))?;
+            kernels_cubecl::square_sum(g).into_data().convert::<f32>().try_into_vec().map_err(|e| format!("{e:?}"))?;
         *out += v[0] as f64;
     }
     Ok(())
