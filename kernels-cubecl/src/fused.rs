@@ -10,7 +10,8 @@
 //!
 //! Legend: b = batch, s = sequence, h = query heads, g = key/value heads (h a multiple of g), c = query
 //! and key head width, e = value head width, k = rotary head width, n = rows, v = vocabulary; for linear
-//! layers r = rows, k = input width, n = output width.
+//! layers r = rows, k = input width, n = output width; for [`concat_heads`] n and r are the widths of
+//! the two parts.
 
 #![cfg_attr(feature = "ndarray", allow(deprecated))]
 
@@ -91,6 +92,27 @@ pub fn causal_attention(
     let (o, _lse) =
         Dispatch::causal_attention(q_bshc.into_dispatch(), k_bsgc.into_dispatch(), v_bsge.into_dispatch(), scale);
     burn::Tensor::from_dispatch(o)
+}
+
+/// Each head's `[a | r]`: `a_bshn` and `r_bsgr` joined along the head width, `r` broadcast over the
+/// heads when it has one (`g = 1`: MLA's rotary key part, shared by every head) — one pass forward and
+/// one backward (which sums a broadcast part over the heads), instead of a broadcast copy, a
+/// concatenation and, backward, strided slices that later operations copy again.
+///
+/// # Shapes
+/// - `a_bshn` `[b, s, h, n]`, `r_bsgr` `[b, s, g, r]` with `g = h` or `g = 1` → `[b, s, h, n + r]`
+///
+/// # Panics
+/// If the batch, sequence or head counts disagree.
+pub fn concat_heads(a_bshn: burn::Tensor<4>, r_bsgr: burn::Tensor<4>) -> burn::Tensor<4> {
+    let ([b, s, h, _], [rb, rs, g, _]) = (a_bshn.dims(), r_bsgr.dims());
+    assert!(
+        (rb, rs) == (b, s) && (g == h || g == 1),
+        "concat_heads: a {:?} and r {:?} must be [b, s, h, n] and [b, s, h or 1, r]",
+        a_bshn.dims(),
+        r_bsgr.dims()
+    );
+    burn::Tensor::from_dispatch(Dispatch::concat_heads(a_bshn.into_dispatch(), r_bsgr.into_dispatch()))
 }
 
 /// Rotary embedding (`rotate_half` convention) of `x_bshk` with per-position tables.
@@ -273,6 +295,21 @@ pub trait FusedBackend: burn::backend::Backend {
     /// is the same rotation with `−sin`.
     fn rotary(x_bshk: FloatTensor<Self>, cos_sk: FloatTensor<Self>, sin_sk: FloatTensor<Self>) -> FloatTensor<Self> {
         generic::rotary::<Self>(x_bshk, cos_sk, sin_sk)
+    }
+
+    /// Each head's `[a | r]`, see [`concat_heads`].
+    fn concat_heads(a_bshn: FloatTensor<Self>, r_bsgr: FloatTensor<Self>) -> FloatTensor<Self> {
+        generic::concat_heads::<Self>(a_bshn, r_bsgr)
+    }
+
+    /// Backward of [`Self::concat_heads`] from `dout_bshx`: `(da [b, s, h, n], dr [b, s, g, r])`, `dr`
+    /// summed over the heads when `g = 1`.
+    fn concat_heads_backward(
+        dout_bshx: FloatTensor<Self>,
+        n: usize,
+        g: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        generic::concat_heads_backward::<Self>(dout_bshx, n, g)
     }
 
     /// Softmax cross-entropy of each row of `logits_nv` against `targets_n`: `(loss_n, lse_n)` with
@@ -500,6 +537,26 @@ pub(crate) mod generic {
         let targets_n1 = B::int_reshape(targets_n, Shape::new([n, 1]));
         let onehot_nv = B::float_scatter(1, zeros_nv, targets_n1, ones_n1, IndexingUpdateOp::Add);
         B::float_mul(B::float_sub(probs_nv, onehot_nv), dloss_n1)
+    }
+
+    pub(crate) fn concat_heads<B: Backend>(a_bshn: FloatTensor<B>, r_bsgr: FloatTensor<B>) -> FloatTensor<B> {
+        let [b, s, h, _] = a_bshn.shape().dims::<4>();
+        let r = r_bsgr.shape()[3];
+        B::float_cat(vec![a_bshn, B::float_expand(r_bsgr, Shape::new([b, s, h, r]))], 3)
+    }
+
+    pub(crate) fn concat_heads_backward<B: Backend>(
+        dout_bshx: FloatTensor<B>,
+        n: usize,
+        g: usize,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        let [b, s, h, x] = dout_bshx.shape().dims::<4>();
+        let part = |from: usize, to: usize| {
+            let slices = [Slice::from(0..b), Slice::from(0..s), Slice::from(0..h), Slice::from(from..to)];
+            B::float_slice(dout_bshx.clone(), &slices)
+        };
+        let (da, dr) = (part(0, n), part(n, x));
+        (da, if g == h { dr } else { B::float_sum_dim(dr, 2) })
     }
 
     pub(crate) fn square_sum<B: Backend>(x_n: FloatTensor<B>) -> FloatTensor<B> {

@@ -3,13 +3,13 @@
 //!
 //! Legend: see [`crate::fused`].
 
-use burn::backend::AutodiffBackend;
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{AutodiffBackend, TensorMetadata};
 
 use crate::fused::{AdamWStep, FusedBackend};
 
@@ -92,6 +92,26 @@ impl<B: FusedBackend> Backward<B, 1> for RotaryBackward {
         if let Some(node) = node_x {
             // The transpose of a rotation by θ is the rotation by −θ.
             grads.register::<B>(node.id, B::rotary(dy, cos, B::float_neg(sin)));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ConcatHeadsBackward;
+
+impl<B: FusedBackend> Backward<B, 2> for ConcatHeadsBackward {
+    /// `(n, g)`: the first part's width and the second part's head count.
+    type State = (usize, usize);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_a, node_r] = ops.parents;
+        let dout = grads.consume::<B>(&ops.node);
+        let (n, g) = ops.state;
+        let (da, dr) = B::concat_heads_backward(dout, n, g);
+        for (node, grad) in [(node_a, da), (node_r, dr)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
         }
     }
 }
@@ -186,6 +206,16 @@ impl<B: FusedBackend, C: CheckpointStrategy> FusedBackend for Autodiff<B, C> {
                 prep.finish((cos, sin), y)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::rotary(x, cos, sin)),
+        }
+    }
+
+    fn concat_heads(a_bshn: FloatTensor<Self>, r_bsgr: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (a, a_node) = a_bshn.into_parts();
+        let (r, r_node) = r_bsgr.into_parts();
+        let (n, g) = (a.shape()[3], r.shape()[2]);
+        match ConcatHeadsBackward.prepare::<C>([a_node, r_node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((n, g), B::concat_heads(a, r)),
+            OpsKind::UnTracked(prep) => prep.finish(B::concat_heads(a, r)),
         }
     }
 

@@ -34,12 +34,13 @@ use burn::prelude::*;
 
 pub use backend::MoeBackend;
 pub use fused::{
-    AdamWStep, FusedBackend, adamw_step, causal_attention, cross_entropy, linear, rms_norm, rotary, square_sum,
+    AdamWStep, FusedBackend, adamw_step, causal_attention, concat_heads, cross_entropy, linear, rms_norm, rotary,
+    square_sum,
 };
 pub use reference::{
-    adamw_step_reference, causal_attention_reference, combine_rows_reference, cross_entropy_reference,
-    grouped_swiglu_reference, linear_reference, permute_rows_reference, rms_norm_reference, rotary_reference,
-    square_sum_reference, swiglu_reference, topk_softmax_reference,
+    adamw_step_reference, causal_attention_reference, combine_rows_reference, concat_heads_reference,
+    cross_entropy_reference, grouped_swiglu_reference, linear_reference, permute_rows_reference, rms_norm_reference,
+    rotary_reference, square_sum_reference, swiglu_reference, topk_softmax_reference,
 };
 
 /// Where each permuted row comes from and goes back to: the `t · k` (token, slot) pairs in the

@@ -150,3 +150,10 @@ pub fn adamw_step_reference(
 pub fn square_sum_reference<const D: usize>(x: Tensor<D>) -> Tensor<1> {
     x.powi_scalar(2).sum()
 }
+
+/// Each head's `[a | r]` on tensor ops: a broadcast and a concatenation (see [`crate::concat_heads`]).
+pub fn concat_heads_reference(a_bshn: Tensor<4>, r_bsgr: Tensor<4>) -> Tensor<4> {
+    let [b, s, h, _] = a_bshn.dims();
+    let w = r_bsgr.dims()[3];
+    Tensor::cat(vec![a_bshn, r_bsgr.expand([b, s, h, w])], 3)
+}

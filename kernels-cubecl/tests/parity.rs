@@ -350,6 +350,24 @@ fn adamw_case(device: &Device, n: usize) {
     close("adamw v", &fast.2, &reference.2);
 }
 
+/// `[a | r]` per head, `r` per head (`g = h`) or broadcast (`g = 1`), values and both gradients.
+fn concat_heads_case(device: &Device, [b, s, h, n, g, w]: [usize; 6]) {
+    let (a, r, probe) =
+        (random([b, s, h, n], 1.0, 95), random([b, s, g, w], 1.0, 96), random([b, s, h, n + w], 1.0, 97));
+    let run = |dev: &Device, fast: bool| {
+        let a = Tensor::<4>::from_data(a.clone(), dev).require_grad();
+        let r = Tensor::<4>::from_data(r.clone(), dev).require_grad();
+        let y = if fast { concat_heads(a.clone(), r.clone()) } else { concat_heads_reference(a.clone(), r.clone()) };
+        let grads = (y.clone() * Tensor::from_data(probe.clone(), dev)).sum().backward();
+        (values(y), values(a.grad(&grads).unwrap()), values(r.grad(&grads).unwrap()))
+    };
+    let (fast, reference) = (run(device, true), run(&reference_device(), false));
+    let what = format!("concat heads b {b} s {s} h {h} n {n} g {g} w {w}");
+    close(&what, &fast.0, &reference.0);
+    close(&format!("{what} grad a"), &fast.1, &reference.1);
+    close(&format!("{what} grad r"), &fast.2, &reference.2);
+}
+
 fn square_sum_case(device: &Device, n: usize) {
     let x = random([n], 1.0, 91);
     let fast = values(square_sum(Tensor::<1>::from_data(x.clone(), device)));
@@ -379,6 +397,9 @@ fn all_cases(device: &Device) {
     attention_case(device, [1, 70, 3, 1, 16, 8]);
     attention_views_case(device, [2, 37, 4, 2, 8, 6]);
     attention_views_case(device, [1, 40, 3, 3, 12, 4]);
+    // Rows over several tasks of 16; a broadcast rotary part (MLA's keys) and a per-head one.
+    concat_heads_case(device, [2, 19, 3, 5, 1, 4]);
+    concat_heads_case(device, [1, 7, 4, 6, 4, 2]);
     rotary_case(device, [2, 7, 3, 8]);
     cross_entropy_case(device, 13, 37);
     cross_entropy_case(device, 3, 1000);

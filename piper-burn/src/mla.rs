@@ -136,8 +136,7 @@ impl Mla {
         let latent_bsc = rms_norm(&self.kv_a_norm, latent_bsc);
         let k_nope = Self::project(&self.kv_b_proj, latent_bsc.clone(), h, n + v, 0, n, false).reshape([b, s, h, n]);
         let v_bshv = Self::project(&self.kv_b_proj, latent_bsc, h, n + v, n, v, false).reshape([b, s, h, v]);
-        let q = Tensor::cat(vec![q_nope, q_rope], 3);
-        let k = Tensor::cat(vec![k_nope, k_rope_bs1r.expand([b, s, h, r])], 3);
+        let (q, k) = (kernels_cubecl::concat_heads(q_nope, q_rope), kernels_cubecl::concat_heads(k_nope, k_rope_bs1r));
         let out_bshv = kernels_cubecl::causal_attention(q, k, v_bshv, 1.0 / ((n + r) as f32).sqrt());
         linear(&self.o_proj, out_bshv.reshape([b, s, h * v]))
     }

@@ -14,6 +14,7 @@ use rayon::prelude::*;
 
 use super::attention::{self, Dims, View};
 use super::buffers::{unwritten, written};
+use super::heads::{self, Heads};
 use super::simd::{self, multiversion};
 use super::{f32s, indices, tensor};
 use super::{linear, norm};
@@ -209,6 +210,32 @@ impl FusedBackend for Flex {
         let (dq, dk, dv) =
             attention::backward(view4(&d_o), view4(&q), view4(&k), view4(&v), view4(&o), &f32s(&lse_bhs), d, scale);
         (tensor(dq, [d.b, d.s, d.h, d.c]), tensor(dk, [d.b, d.s, d.g, d.c]), tensor(dv, [d.b, d.s, d.g, d.e]))
+    }
+
+    fn concat_heads(a_bshn: FloatTensor<Self>, r_bsgr: FloatTensor<Self>) -> FloatTensor<Self> {
+        let fits = a_bshn.shape().num_dims() == 4 && r_bsgr.shape().num_dims() == 4;
+        if !fits || !all_f32(&[&a_bshn, &r_bsgr]) {
+            return generic::concat_heads::<Self>(a_bshn, r_bsgr);
+        }
+        let ([b, s, h, n], [_, _, g, w]) = (dims4(&a_bshn), dims4(&r_bsgr));
+        let _p = profile::op("concat heads", 0.0);
+        let out = heads::concat(&f32s(&a_bshn), &f32s(&r_bsgr), Heads { rows: b * s, h, n, g, w });
+        tensor(out, [b, s, h, n + w])
+    }
+
+    fn concat_heads_backward(
+        dout_bshx: FloatTensor<Self>,
+        n: usize,
+        g: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let [b, s, h, x] = dims4(&dout_bshx);
+        if !all_f32(&[&dout_bshx]) || n > x {
+            return generic::concat_heads_backward::<Self>(dout_bshx, n, g);
+        }
+        let _p = profile::op("concat heads", 0.0);
+        let d = Heads { rows: b * s, h, n, g, w: x - n };
+        let (da, dr) = heads::concat_backward(&f32s(&dout_bshx), d);
+        (tensor(da, [b, s, h, n]), tensor(dr, [b, s, g, x - n]))
     }
 
     fn rotary(x_bshk: FloatTensor<Self>, cos_sk: FloatTensor<Self>, sin_sk: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -24,6 +24,7 @@ mod fused;
 mod gating;
 mod gemm;
 mod grouped_tasks;
+mod heads;
 mod linear;
 mod norm;
 mod rows;
