@@ -1,10 +1,11 @@
 //! Vectorised element-wise math for the host kernels: `exp` as straight-line arithmetic (no calls, no
-//! branches) that LLVM vectorises, and [`multiversion!`] to compile a kernel's loop once more for AVX2 +
-//! FMA, picked at run time — the workspace builds for baseline x86-64, where these loops would stay
-//! four-wide SSE2 and `f32::exp` a scalar libm call (7% of a training step's profile before).
+//! branches) that LLVM vectorises, and [`multiversion!`] to compile a kernel's loop twice more, for
+//! AVX-512 and for AVX2 + FMA, the widest the CPU has picked at run time — the workspace builds for
+//! baseline x86-64, where these loops would stay four-wide SSE2 and `f32::exp` a scalar libm call (7% of
+//! a training step's profile before).
 
-/// Defines `fn $name(args) -> ret` whose body is compiled twice: as written, and (on x86-64) with AVX2
-/// and FMA enabled, the latter chosen when the CPU has both.
+/// Defines `fn $name(args) -> ret` whose body is compiled three times: as written, and (on x86-64) with
+/// AVX-512 (F, VL, BW, DQ) and with AVX2 + FMA enabled, the widest the CPU has chosen at run time.
 macro_rules! multiversion {
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$meta])*
@@ -13,6 +14,20 @@ macro_rules! multiversion {
             fn imp($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
+                #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    imp($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512dq")
+                    && std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the CPU has the features `avx512` was compiled for.
+                    return unsafe { avx512($($arg),*) };
+                }
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
                     imp($($arg),*)
@@ -135,6 +150,30 @@ mod tests {
         }
         assert!(worst <= 2.0, "worst error {worst} ulp");
         assert_eq!(exp(0.0), 1.0);
+    }
+
+    multiversion! {
+        fn exp_slice(xs: &[f32], out: &mut [f32]) {
+            for (o, &x) in out.iter_mut().zip(xs) {
+                *o = exp(x);
+            }
+        }
+    }
+
+    /// The loop compiled for the widest vectors this CPU has (AVX-512, AVX2 + FMA or SSE2) gives the
+    /// scalar `exp` bit for bit: `mul_add` is fused in every version, so vector width changes nothing.
+    #[test]
+    fn exp_vectorised_equals_the_scalar_one() {
+        let xs: Vec<f32> = (0..4099).map(|i| -100.0 + i as f32 * 0.0493).chain([f32::NAN, f32::INFINITY]).collect();
+        let mut out = vec![0f32; xs.len()];
+        exp_slice(&xs, &mut out);
+        for (&x, &o) in xs.iter().zip(&out) {
+            if x.is_nan() {
+                assert!(o.is_nan(), "exp(NaN) = {o}");
+            } else {
+                assert_eq!(o.to_bits(), exp(x).to_bits(), "exp({x}): vectorised {o}, scalar {}", exp(x));
+            }
+        }
     }
 
     #[test]
