@@ -12,6 +12,7 @@ use burn::tensor::Distribution;
 use clap::{Parser, ValueEnum};
 use piper::modules::moe::MoeBlockConfig;
 use piper::modules::router::RouterConfig;
+use piper::modules::runtime::profile;
 
 /// mimalloc, never purging freed pages (see `piper::alloc`).
 #[global_allocator]
@@ -37,6 +38,10 @@ struct Args {
     /// Vulkan such as lavapipe runs it, but its numbers mean nothing).
     #[arg(long, value_enum, default_value_t = Backend::Flex)]
     backend: Backend,
+    /// Print where the timed iterations' time goes: forward and backward, per fused operation with its
+    /// GFLOP/s, and "other" (Burn's own ops and the autodiff graph).
+    #[arg(long)]
+    profile: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -86,11 +91,25 @@ fn main() {
     let lhs = Tensor::<2>::random([a.tokens * a.top_k, a.hidden], Distribution::Default, &plain);
     let rhs = Tensor::<2>::random([a.hidden, a.ffn], Distribution::Default, &plain);
     let (mut times, mut dense) = (Vec::new(), Vec::new());
+    if a.profile {
+        profile::enable();
+    }
     for it in 0..a.iters + 2 {
+        if it == 2 {
+            profile::start_window();
+        }
         let t = Instant::now();
-        let (y, stats) = block.forward(x.clone());
-        let grads = (y.sum() + stats.aux_loss * 0.01).backward();
-        wait(x.grad(&grads).expect("input gradient").reshape([a.tokens, a.hidden]));
+        let (y, stats) = {
+            let _phase = profile::phase("forward");
+            let (y, stats) = block.forward(x.clone());
+            wait(y.clone().reshape([a.tokens, a.hidden]));
+            (y, stats)
+        };
+        {
+            let _phase = profile::phase("backward");
+            let grads = (y.sum() + stats.aux_loss * 0.01).backward();
+            wait(x.grad(&grads).expect("input gradient").reshape([a.tokens, a.hidden]));
+        }
         let moe = t.elapsed().as_secs_f64();
         let t0 = Instant::now();
         wait(lhs.clone().matmul(rhs.clone()));
@@ -98,6 +117,10 @@ fn main() {
             times.push(moe);
             dense.push(t0.elapsed().as_secs_f64());
         }
+    }
+    if a.profile {
+        let table = profile::StepProfile::collect(times.len(), times.iter().sum()).table();
+        eprintln!("{}", table.join("\n"));
     }
     let moe_s = median(times);
     let (t, h, f, e, k) = (a.tokens as f64, a.hidden as f64, a.ffn as f64, a.experts as f64, a.top_k as f64);
