@@ -27,6 +27,7 @@ use super::migration::{GroupCoords, MigrationEvent, MigrationSettings, Migrator,
 use super::optim::{AdamW, AdamWSettings};
 use super::plan::{check_fits_machine, check_plan};
 use super::profile::{self, StepProfile};
+use super::reductions::check_token_reductions;
 use super::report::{SavedCheckpoint, StepMetrics, peak_rss_bytes};
 use super::stage::{Stage, StageShape, StepState};
 use crate::corpus::Corpus;
@@ -81,6 +82,12 @@ impl Job<'_> {
 
 fn check_job(job: &Job, corpus: &dyn Corpus) -> Result<(), String> {
     check_plan(job.plan, job.spec, job.run, job.world.size())?;
+    let layout = job.plan.layout();
+    let sequences = (job.plan.global_batch / (layout.ep * layout.dp * job.plan.num_micro_batches).max(1)) as usize;
+    let tokens = sequences
+        .checked_mul(job.run.seq_len)
+        .ok_or_else(|| format!("--batch-size × --seq-len overflows: {sequences} sequences of {}", job.run.seq_len))?;
+    check_token_reductions(job.device, tokens)?;
     if job.model.layers.len() as u64 != job.spec.num_layers {
         return Err(format!(
             "the Burn model has {} layers but the spec {} has {}",

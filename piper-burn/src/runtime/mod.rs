@@ -13,6 +13,7 @@ pub mod migration;
 pub mod optim;
 pub mod plan;
 pub mod profile;
+pub mod reductions;
 pub mod report;
 mod stage;
 pub mod threads;
