@@ -80,8 +80,7 @@ pub trait MoeBackend: burn::backend::Backend {
 
     /// Dispatch permute: `out_pd[i] = x_td[token_p[i]]`; `row_tk` (the inverse map) is for the backward.
     fn permute_rows(x_td: FloatTensor<Self>, token_p: IntTensor<Self>, row_tk: IntTensor<Self>) -> FloatTensor<Self> {
-        let _ = row_tk;
-        Self::float_select(x_td, 0, token_p)
+        generic::permute_rows::<Self>(x_td, token_p, row_tk)
     }
 
     /// Backward of [`Self::permute_rows`]: `dx_td[t] = Σ_j dy_pd[row_tk[t, j]]`.
@@ -185,6 +184,15 @@ pub(crate) mod generic {
         let g_te = B::float_scatter(1, zeros, idx_tk, g_tk, IndexingUpdateOp::Add);
         let gp_t1 = B::float_sum_dim(B::float_mul(g_te.clone(), probs_te.clone()), 1);
         B::float_mul(probs_te, B::float_sub(g_te, gp_t1))
+    }
+
+    pub(crate) fn permute_rows<B: Backend>(
+        x_td: FloatTensor<B>,
+        token_p: IntTensor<B>,
+        row_tk: IntTensor<B>,
+    ) -> FloatTensor<B> {
+        let _ = row_tk;
+        B::float_select(x_td, 0, token_p)
     }
 
     pub(crate) fn permute_rows_backward<B: Backend>(dy_pd: FloatTensor<B>, row_tk: IntTensor<B>) -> FloatTensor<B> {

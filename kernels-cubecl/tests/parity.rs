@@ -443,6 +443,9 @@ fn large_shapes_match_on_the_cpu() {
     // Few experts with large GEMMs: on Flex several row blocks per expert, and each weight gradient cut
     // into pieces of rows so that two experts still make several tasks per thread.
     grouped_case_sized(&device, &[300, 0, 280], 256, 256);
+    // Weight rows of 512 columns and more: on Flex the backward transposes them into a buffer first
+    // (ragged 8 × 8 tiles here), except for the one-row expert, which reads them in place.
+    grouped_case_sized(&device, &[1, 0, 140, 37], 515, 521);
     // Large enough that the GEMMs split over threads (few enough rows that the f32 sums of the weight
     // gradient, reference included, stay within the bound).
     linear_case(&device, [4, 48, 96, 160], true, false);

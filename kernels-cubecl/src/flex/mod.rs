@@ -1,10 +1,10 @@
 //! The MoE operations on Flex (CPU): the grouped expert GEMMs call the `gemm` crate directly on each
 //! expert's rows and weights in place, as independent single-threaded tasks per block of rows
-//! ([`grouped_tasks`]) — transposes are strides, `dX = dG·Wgᵀ + dU·Wuᵀ` accumulates into
+//! ([`grouped_tasks`]) — transposes are strides (or, for long weight rows, a copy: [`transpose`]), `dX = dG·Wgᵀ + dU·Wuᵀ` accumulates into
 //! one buffer, every output is written once into its final tensor (no slices, concatenations or
 //! zero-filled gradients) — and SwiGLU with its backward is one fused, multi-threaded pass over the rows
 //! instead of the ~4 (forward) and ~11 (backward) element-wise tensor ops of the generic definition;
-//! combine and the dispatch backward are one pass over rows each ([`rows`]). The fused dense operations
+//! dispatch, combine and their backwards are one pass over rows each ([`rows`]). The fused dense operations
 //! (attention, rotary embedding, cross-entropy) are in [`fused`]. Other dtypes than f32
 //! (and index tensors other than i64/i32) take the generic path of [`crate::backend`].
 //!
@@ -29,6 +29,7 @@ mod linear;
 mod norm;
 mod rows;
 pub(crate) mod simd;
+mod transpose;
 
 use crate::backend::{MoeBackend, generic};
 use crate::grouped::{grouped_backward, grouped_forward};
@@ -106,6 +107,18 @@ impl MoeBackend for Flex {
         let mut du = vec![0f32; g.len()];
         swiglu_backward_rows(&g, &u, &mut dg, &mut du, None, last_dim(&shape));
         (FlexTensor::from_data(TensorData::new(dg, shape.clone())), FlexTensor::from_data(TensorData::new(du, shape)))
+    }
+
+    fn permute_rows(x_td: FloatTensor<Self>, token_p: IntTensor<Self>, row_tk: IntTensor<Self>) -> FloatTensor<Self> {
+        let (p, d) = (token_p.shape()[0], x_td.shape()[1]);
+        let Some(tokens) = (x_td.dtype() == DType::F32).then(|| indices(&token_p)).flatten() else {
+            return generic::permute_rows::<Self>(x_td, token_p, row_tk);
+        };
+        let _p = profile::op("dispatch", 0.0);
+        let mut x_pd = buffers::unwritten(p * d);
+        rows::permute(&f32s(&x_td), &tokens, d, &mut x_pd);
+        // SAFETY: `permute` writes every row of `x_pd` whole.
+        tensor(unsafe { buffers::written(x_pd) }, [p, d])
     }
 
     fn permute_rows_backward(dy_pd: FloatTensor<Self>, row_tk: IntTensor<Self>) -> FloatTensor<Self> {

@@ -10,8 +10,21 @@ use rayon::prelude::*;
 
 use super::simd::{self, multiversion};
 
-/// Tokens per parallel chunk.
+/// Tokens (or permuted rows) per parallel chunk.
 const TOKENS_PER_TASK: usize = 32;
+
+/// Dispatch permute: `x_pd[i] = x_td[token_p[i]]`, every row written whole.
+pub(super) fn permute(x_td: &[f32], token_p: &[usize], d: usize, x_pd: &mut [MaybeUninit<f32>]) {
+    let chunk = (TOKENS_PER_TASK * d).max(1);
+    x_pd.par_chunks_mut(chunk).enumerate().for_each(|(c, out)| {
+        for (i, row) in out.chunks_mut(d.max(1)).enumerate() {
+            let t = token_p[c * TOKENS_PER_TASK + i];
+            for (a, &b) in row.iter_mut().zip(&x_td[t * d..(t + 1) * d]) {
+                *a = MaybeUninit::new(b);
+            }
+        }
+    });
+}
 
 /// Backward of the dispatch permute: `dx_td[t] = Σ_j dy_pd[row_tk[t, j]]`.
 pub(super) fn permute_backward(dy_pd: &[f32], row_tk: &[usize], k: usize, d: usize, dx_td: &mut [f32]) {
