@@ -33,11 +33,17 @@ fn block_rows(rows: usize) -> usize {
     (rows / wanted_tasks().max(1)).max(ROW_BLOCK)
 }
 
-/// `(expert, first row, rows)` blocks covering every expert's rows in order.
+/// `(expert, first row, rows)` blocks covering every expert's rows in order: an expert of `n` rows is
+/// cut into `⌊n / block⌋` (at least one) equal blocks, so no block is a short remainder — a GEMM of a
+/// few dozen rows runs at half the rate, and each block of the backward transposes the expert's
+/// weights again ([`with_transposed`]).
 fn row_blocks(counts_e: &[usize]) -> Vec<(usize, usize, usize)> {
     let block = block_rows(counts_e.iter().sum());
     experts(counts_e)
-        .flat_map(|(e, r0, n)| (0..n.div_ceil(block)).map(move |b| (e, r0 + b * block, block.min(n - b * block))))
+        .flat_map(|(e, r0, n)| {
+            let blocks = (n / block).max(1);
+            (0..blocks).map(move |b| (e, r0 + b * n / blocks, (b + 1) * n / blocks - b * n / blocks))
+        })
         .collect()
 }
 
@@ -142,4 +148,33 @@ pub(super) fn backward(
     // SAFETY: the pieces cover every expert's matrix, and each task wrote (or zeroed) its piece whole.
     let (dwg, dwu, dwd) = unsafe { (written(dwg), written(dwu), written(dwd)) };
     (dx, dwg, dwu, dwd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The blocks tile every expert's rows in order, and none is shorter than the block size unless
+    /// its expert is, nor as long as two blocks.
+    #[test]
+    fn row_blocks_cover_each_expert_in_blocks_of_one_to_two_block_sizes() {
+        for counts_e in [vec![600, 0, 3, 1100, 511, 512, 1024, 1023], vec![7; 64], vec![0, 5000], vec![]] {
+            let block = block_rows(counts_e.iter().sum());
+            let blocks = row_blocks(&counts_e);
+            let mut next_row = 0;
+            for (e, &n) in counts_e.iter().enumerate() {
+                let mine: Vec<_> = blocks.iter().filter(|b| b.0 == e).collect();
+                assert_eq!(mine.iter().map(|b| b.2).sum::<usize>(), n, "expert {e} of {counts_e:?}");
+                for &&(_, r0, rows) in &mine {
+                    assert_eq!(r0, next_row, "blocks out of order in {counts_e:?}");
+                    next_row += rows;
+                    assert!(
+                        rows >= block.min(n) && rows < 2 * block,
+                        "block of {rows} rows (block {block}) in {counts_e:?}"
+                    );
+                }
+            }
+            assert!(blocks.iter().all(|b| b.2 > 0), "an empty block in {counts_e:?}");
+        }
+    }
 }
