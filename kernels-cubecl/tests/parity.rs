@@ -449,6 +449,8 @@ fn large_shapes_match_on_the_cpu() {
     // Large enough that the GEMMs split over threads (few enough rows that the f32 sums of the weight
     // gradient, reference included, stay within the bound).
     linear_case(&device, [4, 48, 96, 160], true, false);
+    // A row-major weight with rows of 512+ (a vocabulary head): on Flex dX = dY·Wᵀ transposes W first.
+    linear_case(&device, [2, 40, 24, 521], false, false);
     // 640 rows: on Flex the weight gradient is summed in parts of rows, one per thread, then added.
     linear_case_scaled(&device, [4, 160, 24, 40], true, true, 0.05);
 }

@@ -107,11 +107,15 @@ pub(super) fn backward(
     tasks.into_par_iter().for_each(|(((&(e, r0, n), dg), du), (h, dx))| {
         let dy = &dy[r0 * d..(r0 + n) * d];
         // Wd_e is [f, d] and Wg_e, Wu_e are [d, f], row-major: each is read transposed.
-        let dg = with_transposed(&wd[e * f * d..], f, d, n, |w, s| gemm_into(false, (n, f, d), dg, dy, (d, 1), w, s));
+        let dg = with_transposed(&wd[e * f * d..], (f, d), n, false, |w, s| {
+            gemm_into(false, (n, f, d), dg, dy, (d, 1), w, s)
+        });
         let (du, h) = (zeroed(du), zeroed(h));
         swiglu_backward_chunk(&g[r0 * f..(r0 + n) * f], &u[r0 * f..(r0 + n) * f], dg, du, h);
-        let dx = with_transposed(&wg[e * d * f..], d, f, n, |w, s| gemm_into(false, (n, d, f), dx, dg, (f, 1), w, s));
-        with_transposed(&wu[e * d * f..], d, f, n, |w, s| gemm_st(false, n, d, f, dx, true, du, (f, 1), w, s));
+        let dx = with_transposed(&wg[e * d * f..], (d, f), n, false, |w, s| {
+            gemm_into(false, (n, d, f), dx, dg, (f, 1), w, s)
+        });
+        with_transposed(&wu[e * d * f..], (d, f), n, false, |w, s| gemm_st(false, n, d, f, dx, true, du, (f, 1), w, s));
     });
     // SAFETY: the blocks cover every row, and each task wrote its blocks whole.
     let (dg, du, h, dx) = unsafe { (written(dg), written(du), written(h), written(dx)) };

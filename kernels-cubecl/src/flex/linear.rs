@@ -12,6 +12,7 @@ use rayon::prelude::*;
 
 use super::buffers::gemm_new;
 use super::gemm::gemm_block;
+use super::transpose::with_transposed;
 use super::{f32s, tensor};
 
 /// A 2-D f32 tensor's storage from its first element, with its `(row, column)` strides; `None` for
@@ -59,11 +60,20 @@ pub(super) fn forward(x_rk: &FlexTensor, w_kn: &FlexTensor, b_n: Option<&FlexTen
     tensor(y, [r, n])
 }
 
-/// `dx_rk = dy_rn · w_knᵀ`: Wᵀ's element (l, j) is W's (j, l), so its strides are W's swapped.
+/// `dx_rk = dy_rn · w_knᵀ`: Wᵀ's element (l, j) is W's (j, l), so its strides are W's swapped; a
+/// row-major W with long rows (an untied vocabulary head) is transposed first ([`with_transposed`]:
+/// `[2048, 4096] × [4096, 256]` 284–295 → 322–342 GFLOP/s on 2 threads).
 pub(super) fn backward_x(dy_rn: &FlexTensor, w_kn: &FlexTensor) -> FlexTensor {
     let (r, (k, n)) = (dy_rn.shape()[0], (w_kn.shape()[0], w_kn.shape()[1]));
     let dy = f32s(dy_rn);
-    with_weight(w_kn, |w, (w_rs, w_cs)| tensor(gemm_new(true, (r, k, n), &dy, (n, 1), w, (w_cs, w_rs)), [r, k]))
+    let dx = with_weight(w_kn, |w, (w_rs, w_cs)| {
+        if w_cs == 1 && w_rs == n {
+            with_transposed(w, (k, n), r, true, |wt, s| gemm_new(true, (r, k, n), &dy, (n, 1), wt, s))
+        } else {
+            gemm_new(true, (r, k, n), &dy, (n, 1), w, (w_cs, w_rs))
+        }
+    });
+    tensor(dx, [r, k])
 }
 
 /// Fewest rows of the input per part of a weight gradient's sum.

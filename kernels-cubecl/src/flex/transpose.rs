@@ -12,6 +12,8 @@
 
 use std::cell::Cell;
 
+use rayon::prelude::*;
+
 /// Weights with rows at least this long are transposed before a GEMM that reads them transposed.
 pub(super) const TRANSPOSE_MIN_COLS: usize = 512;
 /// GEMMs with fewer rows than this read the weight in place (one row is a matrix-vector product,
@@ -26,33 +28,51 @@ thread_local! {
     static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
-/// `dst[c, r] = src[r, c]` for a row-major `src` of `rows × cols` (`dst` is `cols × rows`).
-pub(super) fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+/// `dst[c, r] = src[r, c]` for a row-major `src` of `rows × cols` (`dst` is `cols × rows`); on all
+/// threads if `threads`, each writing a strip of `dst`'s rows.
+pub(super) fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f32], threads: bool) {
     assert_eq!(src.len(), rows * cols, "transpose: source is not rows × cols");
     assert_eq!(dst.len(), rows * cols, "transpose: destination is not cols × rows");
-    let (full_r, full_c) = (rows / TILE * TILE, cols / TILE * TILE);
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    if !threads {
+        return transpose_strip(src, rows, cols, 0, dst);
+    }
+    // One wide strip per thread: narrow strips read each source line in more pieces (measured slower).
+    let strip_cols = cols.div_ceil(rayon::current_num_threads()).next_multiple_of(TILE);
+    dst.par_chunks_mut(strip_cols * rows)
+        .enumerate()
+        .for_each(|(s, strip)| transpose_strip(src, rows, cols, s * strip_cols, strip));
+}
+
+/// Rows `j0..` of the transpose (`strip.len() / rows` of them, columns `j0..` of `src`), by 8 × 8 tiles
+/// read row by row and written column by column through registers, source rows outermost.
+fn transpose_strip(src: &[f32], rows: usize, cols: usize, j0: usize, strip: &mut [f32]) {
+    let width = strip.len() / rows;
+    let (full_r, full_w) = (rows / TILE * TILE, width / TILE * TILE);
     let mut tile = [[0f32; TILE]; TILE];
     for i0 in (0..full_r).step_by(TILE) {
-        for j0 in (0..full_c).step_by(TILE) {
-            for (a, src_row) in src[i0 * cols + j0..].chunks(cols).take(TILE).enumerate() {
+        for jj in (0..full_w).step_by(TILE) {
+            for (a, src_row) in src[i0 * cols + j0 + jj..].chunks(cols).take(TILE).enumerate() {
                 for (b, &v) in src_row[..TILE].iter().enumerate() {
                     tile[b][a] = v;
                 }
             }
             for (b, t) in tile.iter().enumerate() {
-                dst[(j0 + b) * rows + i0..][..TILE].copy_from_slice(t);
+                strip[(jj + b) * rows + i0..][..TILE].copy_from_slice(t);
             }
         }
     }
-    // The ragged edges: the last columns of every row, then the last rows' first columns.
+    // The ragged edges: the strip's last columns of every row, then the last rows' first columns.
     for i in 0..rows {
-        for j in full_c..cols {
-            dst[j * rows + i] = src[i * cols + j];
+        for jj in full_w..width {
+            strip[jj * rows + i] = src[i * cols + j0 + jj];
         }
     }
     for i in full_r..rows {
-        for j in 0..full_c {
-            dst[j * rows + i] = src[i * cols + j];
+        for jj in 0..full_w {
+            strip[jj * rows + i] = src[i * cols + j0 + jj];
         }
     }
 }
@@ -60,12 +80,12 @@ pub(super) fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f
 /// Runs `body(wᵀ, strides)` with the transpose of the row-major `rows × cols` weight `w` as a
 /// `cols × rows` operand given by slice and `(row stride, column stride)`: a transposed copy in this
 /// thread's buffer when a GEMM of `gemm_rows` rows would gather it slowly, else `w` itself with
-/// swapped strides.
+/// swapped strides. The copy is made on all threads if `threads`.
 pub(super) fn with_transposed<R>(
     w: &[f32],
-    rows: usize,
-    cols: usize,
+    (rows, cols): (usize, usize),
     gemm_rows: usize,
+    threads: bool,
     body: impl FnOnce(&[f32], (usize, usize)) -> R,
 ) -> R {
     let w = &w[..rows * cols];
@@ -75,7 +95,7 @@ pub(super) fn with_transposed<R>(
     // Taken out of the thread-local while in use, so a nested call gets a buffer of its own.
     let mut buf = SCRATCH.take();
     buf.resize(rows * cols, 0.0);
-    transpose_into(w, rows, cols, &mut buf);
+    transpose_into(w, rows, cols, &mut buf, threads);
     let out = body(&buf, (rows, 1));
     SCRATCH.set(buf);
     out
@@ -88,17 +108,19 @@ mod tests {
     /// Against the definition, on shapes with and without ragged edges in either dimension.
     #[test]
     fn transpose_matches_the_definition() {
-        for (rows, cols) in [(1, 1), (8, 8), (16, 24), (13, 8), (8, 21), (19, 35), (64, 3), (2, 517)] {
+        for (rows, cols) in
+            [(1, 1), (8, 8), (16, 24), (13, 8), (8, 21), (19, 35), (64, 3), (2, 517), (9, 100), (0, 5), (5, 0)]
+        {
             let src: Vec<f32> = (0..rows * cols).map(|i| i as f32 * 0.5 - 7.0).collect();
-            let mut dst = vec![f32::NAN; rows * cols];
-            transpose_into(&src, rows, cols, &mut dst);
-            for i in 0..rows {
-                for j in 0..cols {
-                    assert_eq!(
-                        dst[j * rows + i].to_bits(),
-                        src[i * cols + j].to_bits(),
-                        "({rows}×{cols}) at ({i}, {j})"
-                    );
+            // Threaded: strips of a column or more per thread, ragged last strip included.
+            for threads in [false, true] {
+                let mut dst = vec![f32::NAN; rows * cols];
+                transpose_into(&src, rows, cols, &mut dst, threads);
+                for i in 0..rows {
+                    for j in 0..cols {
+                        let at = format!("({rows}×{cols}, threads {threads}) at ({i}, {j})");
+                        assert_eq!(dst[j * rows + i].to_bits(), src[i * cols + j].to_bits(), "{at}");
+                    }
                 }
             }
         }
@@ -110,7 +132,7 @@ mod tests {
     fn with_transposed_gives_the_transpose_either_way() {
         for (rows, cols, gemm_rows) in [(4, TRANSPOSE_MIN_COLS + 3, 64), (4, TRANSPOSE_MIN_COLS + 3, 1), (5, 7, 64)] {
             let w: Vec<f32> = (0..rows * cols).map(|i| (i % 97) as f32 - 40.0).collect();
-            let seen = with_transposed(&w, rows, cols, gemm_rows, |wt, (rs, cs)| {
+            let seen = with_transposed(&w, (rows, cols), gemm_rows, false, |wt, (rs, cs)| {
                 let mut out = vec![f32::NAN; rows * cols];
                 for l in 0..cols {
                     for j in 0..rows {
