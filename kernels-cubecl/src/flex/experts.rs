@@ -92,3 +92,35 @@ pub(super) fn swiglu_backward_rows(
             .for_each(|((dh, du), (g, u))| swiglu_backward_chunk(g, u, dh, du, &mut [])),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flex::simd::{TIERS, Tier, with_widest};
+
+    /// SwiGLU forward and backward give the same bits in every version the CPU has (AVX-512, AVX2 +
+    /// FMA, baseline): the AVX2 one runs on most laptops but would never run on an AVX-512 test machine.
+    #[test]
+    fn swiglu_is_the_same_in_every_version() {
+        let n = 1000;
+        let g: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 9.0).collect();
+        let u: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos() * 3.0).collect();
+        let run = |tier: Tier| {
+            let mut h = vec![0f32; n];
+            let (mut dh, mut du, mut h2) = (vec![0.5f32; n], vec![0f32; n], vec![0f32; n]);
+            let ((), taken) = with_widest(tier, || {
+                swiglu_chunk(&g, &u, &mut h);
+                swiglu_backward_chunk(&g, &u, &mut dh, &mut du, &mut h2);
+            });
+            assert!(taken.is_some_and(|t| t <= tier), "{tier:?}: took {taken:?}");
+            [h, dh, du, h2].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+        };
+        let baseline = run(Tier::Baseline);
+        for tier in TIERS {
+            assert_eq!(run(tier), baseline, "{tier:?} differs from the baseline");
+        }
+        // And the baseline is the definition: h = g·σ(g)·u with the crate's exp.
+        let want = g[7] * (1.0 / (1.0 + crate::flex::simd::exp(-g[7]))) * u[7];
+        assert_eq!(f32::from_bits(baseline[0][7]), want);
+    }
+}

@@ -24,6 +24,7 @@ macro_rules! multiversion {
                     && std::arch::is_x86_feature_detected!("avx512dq")
                     && std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
+                    && $crate::flex::simd::take($crate::flex::simd::Tier::Avx512)
                 {
                     // SAFETY: the CPU has the features `avx512` was compiled for.
                     return unsafe { avx512($($arg),*) };
@@ -32,16 +33,74 @@ macro_rules! multiversion {
                 unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
                     imp($($arg),*)
                 }
-                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                    && $crate::flex::simd::take($crate::flex::simd::Tier::Avx2)
+                {
                     // SAFETY: the CPU has the features `avx2` was compiled for.
                     return unsafe { avx2($($arg),*) };
                 }
             }
+            $crate::flex::simd::take($crate::flex::simd::Tier::Baseline);
             imp($($arg),*)
         }
     };
 }
 pub(crate) use multiversion;
+
+/// The versions [`multiversion!`] picks among, narrowest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) enum Tier {
+    /// As written: the build's baseline (SSE2 on x86-64).
+    Baseline,
+    /// AVX2 + FMA.
+    Avx2,
+    /// AVX-512 (F, VL, BW, DQ).
+    Avx512,
+}
+
+/// Whether [`multiversion!`] takes the version for `tier` (which the CPU has): always, outside this
+/// crate's unit tests.
+#[cfg(not(test))]
+#[inline(always)]
+pub(crate) fn take(_tier: Tier) -> bool {
+    true
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The widest version the unit tests let this thread take ([`with_widest`]), and the last taken.
+    static WIDEST: std::cell::Cell<Tier> = const { std::cell::Cell::new(Tier::Avx512) };
+    static TAKEN: std::cell::Cell<Option<Tier>> = const { std::cell::Cell::new(None) };
+}
+
+/// Whether [`multiversion!`] takes the version for `tier` on this thread: the unit tests cap it, so
+/// that the AVX2 and baseline versions are checked on a CPU that has AVX-512 (which would otherwise
+/// always win), and note the one taken.
+#[cfg(test)]
+pub(crate) fn take(tier: Tier) -> bool {
+    let allowed = WIDEST.get() >= tier;
+    if allowed {
+        TAKEN.set(Some(tier));
+    }
+    allowed
+}
+
+/// Runs `f` with [`multiversion!`] taking at most `tier` on this thread; also returns the version
+/// the last call in `f` took.
+#[cfg(test)]
+pub(crate) fn with_widest<R>(tier: Tier, f: impl FnOnce() -> R) -> (R, Option<Tier>) {
+    let before = WIDEST.replace(tier);
+    TAKEN.set(None);
+    let out = f();
+    WIDEST.set(before);
+    (out, TAKEN.take())
+}
+
+/// Every tier, narrowest first (the tests run a kernel under each and compare with the baseline).
+#[cfg(test)]
+pub(crate) const TIERS: [Tier; 3] = [Tier::Baseline, Tier::Avx2, Tier::Avx512];
 
 /// `e^x` for f32, within 2 ulp of the correctly rounded value on `[-87.3, 88.7]` (Cephes' `expf`:
 /// `x = n·ln 2 + r`, a degree-6 polynomial in `r`, `2^n` through the exponent bits); 0 below that
@@ -160,18 +219,45 @@ mod tests {
         }
     }
 
-    /// The loop compiled for the widest vectors this CPU has (AVX-512, AVX2 + FMA or SSE2) gives the
-    /// scalar `exp` bit for bit: `mul_add` is fused in every version, so vector width changes nothing.
+    /// The loop compiled for each version this CPU has (AVX-512, AVX2 + FMA, SSE2) gives the scalar
+    /// `exp` bit for bit: `mul_add` is fused in every version, so vector width changes nothing.
     #[test]
     fn exp_vectorised_equals_the_scalar_one() {
         let xs: Vec<f32> = (0..4099).map(|i| -100.0 + i as f32 * 0.0493).chain([f32::NAN, f32::INFINITY]).collect();
-        let mut out = vec![0f32; xs.len()];
-        exp_slice(&xs, &mut out);
-        for (&x, &o) in xs.iter().zip(&out) {
-            if x.is_nan() {
-                assert!(o.is_nan(), "exp(NaN) = {o}");
-            } else {
-                assert_eq!(o.to_bits(), exp(x).to_bits(), "exp({x}): vectorised {o}, scalar {}", exp(x));
+        for tier in TIERS {
+            let mut out = vec![0f32; xs.len()];
+            let ((), taken) = with_widest(tier, || exp_slice(&xs, &mut out));
+            assert!(taken.is_some_and(|t| t <= tier), "{tier:?}: took {taken:?}");
+            for (&x, &o) in xs.iter().zip(&out) {
+                if x.is_nan() {
+                    assert!(o.is_nan(), "{tier:?}: exp(NaN) = {o}");
+                } else {
+                    assert_eq!(o.to_bits(), exp(x).to_bits(), "{tier:?}: exp({x}) = {o}, scalar {}", exp(x));
+                }
+            }
+        }
+    }
+
+    /// The cap is what picks the version: each tier the CPU has is the one taken under its own cap.
+    #[test]
+    fn the_cap_picks_the_version() {
+        let x = [1.0f32; 3];
+        let mut out = [0f32; 3];
+        assert_eq!(with_widest(Tier::Baseline, || exp_slice(&x, &mut out)).1, Some(Tier::Baseline));
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") {
+                assert_eq!(with_widest(Tier::Avx2, || exp_slice(&x, &mut out)).1, Some(Tier::Avx2));
+            }
+            if has!("avx512f")
+                && has!("avx512vl")
+                && has!("avx512bw")
+                && has!("avx512dq")
+                && has!("avx2")
+                && has!("fma")
+            {
+                assert_eq!(with_widest(Tier::Avx512, || exp_slice(&x, &mut out)).1, Some(Tier::Avx512));
             }
         }
     }
