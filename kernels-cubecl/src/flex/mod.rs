@@ -1,12 +1,13 @@
 //! The MoE operations on Flex (CPU): the grouped expert GEMMs call the `gemm` crate directly on each
 //! expert's rows and weights in place, as independent single-threaded tasks per block of rows
-//! ([`grouped_tasks`]) — transposes are strides (or, for long weight rows, a copy: [`transpose`]), `dX = dG·Wgᵀ + dU·Wuᵀ` accumulates into
-//! one buffer, every output is written once into its final tensor (no slices, concatenations or
-//! zero-filled gradients) — and SwiGLU with its backward is one fused, multi-threaded pass over the rows
-//! instead of the ~4 (forward) and ~11 (backward) element-wise tensor ops of the generic definition;
-//! dispatch, combine and their backwards are one pass over rows each ([`rows`]). The fused dense operations
-//! (attention, rotary embedding, cross-entropy) are in [`fused`]. Other dtypes than f32
-//! (and index tensors other than i64/i32) take the generic path of [`crate::backend`].
+//! ([`grouped_tasks`]) — transposes are strides (or, for long weight rows, a copy: [`transpose`]),
+//! `dX = dG·Wgᵀ + dU·Wuᵀ` accumulates into one buffer, every output is written once into its final
+//! tensor (no slices, concatenations or zero-filled gradients) — and SwiGLU with its backward is one
+//! fused, multi-threaded pass over the rows instead of the ~4 (forward) and ~11 (backward) element-wise
+//! tensor ops of the generic definition; dispatch, combine and their backwards are one pass over rows
+//! each ([`rows`]). The fused dense operations (attention, rotary embedding, cross-entropy) are in
+//! [`fused`]. Other dtypes than f32 (and index tensors other than i64/i32) take the generic path of
+//! [`crate::backend`].
 //!
 //! Legend: p = rows (sorted by expert), d = model width, f = expert width, e = experts.
 
