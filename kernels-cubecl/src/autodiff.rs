@@ -12,6 +12,7 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 
 use crate::backend::MoeBackend;
 use crate::grouped::{GroupedState, GroupedSwigluBackward};
+use crate::routed::{RoutedExpertsBackward, RoutedState};
 
 #[derive(Debug)]
 struct SwigluBackward;
@@ -107,6 +108,58 @@ impl<B: MoeBackend, C: CheckpointStrategy> MoeBackend for Autodiff<B, C> {
                 prep.finish(state, y)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::grouped_swiglu(x, wg, wu, wd, counts_e)),
+        }
+    }
+
+    fn routed_experts(
+        x_td: FloatTensor<Self>,
+        w_tk: FloatTensor<Self>,
+        token_p: IntTensor<Self>,
+        row_tk: IntTensor<Self>,
+        slot_p: IntTensor<Self>,
+        w_gate_edf: FloatTensor<Self>,
+        w_up_edf: FloatTensor<Self>,
+        w_down_efd: FloatTensor<Self>,
+        counts_e: Vec<usize>,
+    ) -> FloatTensor<Self> {
+        let (x, x_node) = x_td.into_parts();
+        let (w, w_node) = w_tk.into_parts();
+        let (wg, wg_node) = w_gate_edf.into_parts();
+        let (wu, wu_node) = w_up_edf.into_parts();
+        let (wd, wd_node) = w_down_efd.into_parts();
+        let nodes = [x_node, w_node, wg_node, wu_node, wd_node];
+        match RoutedExpertsBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let (out, g, u, y) = B::routed_experts_forward(
+                    x.clone(),
+                    w.clone(),
+                    token_p.clone(),
+                    row_tk.clone(),
+                    slot_p.clone(),
+                    wg.clone(),
+                    wu.clone(),
+                    wd.clone(),
+                    counts_e.clone(),
+                );
+                let state = RoutedState {
+                    x_td: x,
+                    w_tk: w,
+                    token_p,
+                    row_tk,
+                    slot_p,
+                    w_gate_edf: wg,
+                    w_up_edf: wu,
+                    w_down_efd: wd,
+                    g_pf: g,
+                    u_pf: u,
+                    y_pd: y,
+                    counts_e,
+                };
+                prep.finish(state, out)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::routed_experts(x, w, token_p, row_tk, slot_p, wg, wu, wd, counts_e))
+            }
         }
     }
 

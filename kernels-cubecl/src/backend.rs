@@ -57,6 +57,67 @@ pub trait MoeBackend: burn::backend::Backend {
         grouped_backward::<Self>(dy_pd, x_pd, w_gate_edf, w_up_edf, w_down_efd, g_pf, u_pf, &counts_e)
     }
 
+    /// Routed experts, dispatch and combine in one: `out_td[t] = Σ_j w_tk[t, j] · y[row_tk[t, j]]` where
+    /// `y` is [`Self::grouped_swiglu`] of the token rows in expert order (`x_td[token_p[i]]`,
+    /// `counts_e[i]` rows for expert i).
+    #[allow(clippy::too_many_arguments)]
+    fn routed_experts(
+        x_td: FloatTensor<Self>,
+        w_tk: FloatTensor<Self>,
+        token_p: IntTensor<Self>,
+        row_tk: IntTensor<Self>,
+        slot_p: IntTensor<Self>,
+        w_gate_edf: FloatTensor<Self>,
+        w_up_edf: FloatTensor<Self>,
+        w_down_efd: FloatTensor<Self>,
+        counts_e: Vec<usize>,
+    ) -> FloatTensor<Self> {
+        Self::routed_experts_forward(x_td, w_tk, token_p, row_tk, slot_p, w_gate_edf, w_up_edf, w_down_efd, counts_e).0
+    }
+
+    /// [`Self::routed_experts`] that also returns what its backward needs: the gate and up projections
+    /// `[p, f]` and the experts' output rows `y_pd` `[p, d]` when the backend's backward reads them
+    /// (this definition's does; a backend whose backward does not may return `[0, d]`).
+    #[allow(clippy::too_many_arguments)]
+    fn routed_experts_forward(
+        x_td: FloatTensor<Self>,
+        w_tk: FloatTensor<Self>,
+        token_p: IntTensor<Self>,
+        row_tk: IntTensor<Self>,
+        slot_p: IntTensor<Self>,
+        w_gate_edf: FloatTensor<Self>,
+        w_up_edf: FloatTensor<Self>,
+        w_down_efd: FloatTensor<Self>,
+        counts_e: Vec<usize>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        generic::routed_experts_forward::<Self>(
+            x_td, w_tk, token_p, row_tk, slot_p, w_gate_edf, w_up_edf, w_down_efd, counts_e,
+        )
+    }
+
+    /// Backward of [`Self::routed_experts`] from `dout_td`, given what its forward returned:
+    /// `(dx_td, dw_tk, dw_gate_edf, dw_up_edf, dw_down_efd)`.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn routed_experts_backward(
+        dout_td: FloatTensor<Self>,
+        x_td: FloatTensor<Self>,
+        w_tk: FloatTensor<Self>,
+        token_p: IntTensor<Self>,
+        row_tk: IntTensor<Self>,
+        slot_p: IntTensor<Self>,
+        w_gate_edf: FloatTensor<Self>,
+        w_up_edf: FloatTensor<Self>,
+        w_down_efd: FloatTensor<Self>,
+        g_pf: FloatTensor<Self>,
+        u_pf: FloatTensor<Self>,
+        y_pd: FloatTensor<Self>,
+        counts_e: Vec<usize>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        generic::routed_experts_backward::<Self>(
+            dout_td, x_td, w_tk, token_p, row_tk, slot_p, w_gate_edf, w_up_edf, w_down_efd, g_pf, u_pf, y_pd, counts_e,
+        )
+    }
+
     /// `silu(gate) ⊙ up`, element-wise, any shape.
     fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
         let sig = Self::sigmoid(gate.clone());
@@ -146,6 +207,52 @@ pub(crate) mod generic {
     use burn::backend::tensor::{FloatTensor, IntTensor};
     use burn::backend::{Backend, TensorMetadata, get_or_init_device_settings};
     use burn::tensor::{IndexingUpdateOp, Shape};
+
+    use super::MoeBackend;
+
+    /// [`MoeBackend::routed_experts_forward`] as dispatch, grouped experts and combine (the backend's own).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn routed_experts_forward<B: MoeBackend>(
+        x_td: FloatTensor<B>,
+        w_tk: FloatTensor<B>,
+        token_p: IntTensor<B>,
+        row_tk: IntTensor<B>,
+        slot_p: IntTensor<B>,
+        w_gate_edf: FloatTensor<B>,
+        w_up_edf: FloatTensor<B>,
+        w_down_efd: FloatTensor<B>,
+        counts_e: Vec<usize>,
+    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+        let x_pd = B::permute_rows(x_td, token_p, row_tk.clone());
+        let (y_pd, g_pf, u_pf) = B::grouped_swiglu_forward(x_pd, w_gate_edf, w_up_edf, w_down_efd, counts_e);
+        let out_td = B::combine_rows(y_pd.clone(), w_tk, row_tk, slot_p);
+        (out_td, g_pf, u_pf, y_pd)
+    }
+
+    /// [`MoeBackend::routed_experts_backward`] as the backwards of combine, grouped experts and dispatch.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    pub(crate) fn routed_experts_backward<B: MoeBackend>(
+        dout_td: FloatTensor<B>,
+        x_td: FloatTensor<B>,
+        w_tk: FloatTensor<B>,
+        token_p: IntTensor<B>,
+        row_tk: IntTensor<B>,
+        slot_p: IntTensor<B>,
+        w_gate_edf: FloatTensor<B>,
+        w_up_edf: FloatTensor<B>,
+        w_down_efd: FloatTensor<B>,
+        g_pf: FloatTensor<B>,
+        u_pf: FloatTensor<B>,
+        y_pd: FloatTensor<B>,
+        counts_e: Vec<usize>,
+    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+        let (dy_pd, dw_tk) = B::combine_rows_backward(dout_td, y_pd, w_tk, row_tk.clone(), slot_p);
+        // The dispatched rows again (one gather) rather than kept since the forward.
+        let x_pd = B::permute_rows(x_td, token_p, row_tk.clone());
+        let (dx_pd, dwg, dwu, dwd) =
+            B::grouped_swiglu_backward(dy_pd, x_pd, w_gate_edf, w_up_edf, w_down_efd, g_pf, u_pf, counts_e);
+        (B::permute_rows_backward(dx_pd, row_tk), dw_tk, dwg, dwu, dwd)
+    }
 
     /// [`super::MoeBackend::topk_softmax`] on Burn's ops.
     pub(crate) fn topk_softmax<B: Backend>(

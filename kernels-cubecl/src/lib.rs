@@ -28,6 +28,7 @@ pub mod hip;
 pub mod hiprtc;
 pub mod profile;
 pub mod reference;
+pub mod routed;
 
 use burn::backend::Dispatch;
 use burn::prelude::*;
@@ -40,7 +41,7 @@ pub use fused::{
 pub use reference::{
     adamw_step_reference, causal_attention_reference, combine_rows_reference, concat_heads_reference,
     cross_entropy_reference, grouped_swiglu_reference, linear_reference, permute_rows_reference, rms_norm_reference,
-    rotary_reference, square_sum_reference, swiglu_reference, topk_softmax_reference,
+    rotary_reference, routed_experts_reference, square_sum_reference, swiglu_reference, topk_softmax_reference,
 };
 
 /// Where each permuted row comes from and goes back to: the `t · k` (token, slot) pairs in the
@@ -157,6 +158,49 @@ pub fn grouped_swiglu(
     );
     Tensor::from_dispatch(Dispatch::grouped_swiglu(
         x_pd.into_dispatch(),
+        w_gate_edf.into_dispatch(),
+        w_up_edf.into_dispatch(),
+        w_down_efd.into_dispatch(),
+        counts_e.to_vec(),
+    ))
+}
+
+/// Routed experts: dispatch (`x_td` rows to the experts in `map`'s order, `counts_e[i]` rows for expert
+/// i), the grouped SwiGLU experts and the weighted combine back to tokens, as one operation —
+/// `combine_rows(grouped_swiglu(permute_rows(x_td, map), …), w_tk, map)`, which a backend may fuse.
+///
+/// # Shapes
+/// - `x_td` `[t, d]`, `w_tk` `[t, k]`, `w_gate_edf`/`w_up_edf` `[e, d, f]`, `w_down_efd` `[e, f, d]` → `[t, d]`
+///
+/// # Panics
+/// If the shapes disagree with the map or with each other, or `counts_e` does not cover the `t · k` rows.
+pub fn routed_experts(
+    x_td: Tensor<2>,
+    w_tk: Tensor<2>,
+    map: &RowMap,
+    w_gate_edf: Tensor<3>,
+    w_up_edf: Tensor<3>,
+    w_down_efd: Tensor<3>,
+    counts_e: &[usize],
+) -> Tensor<2> {
+    let ([t, k], [_, d], [e, _, f]) = (map.row_tk.dims(), x_td.dims(), w_gate_edf.dims());
+    assert_eq!(x_td.dims()[0], t, "routed_experts: x_td has {} rows, the row map {t} tokens", x_td.dims()[0]);
+    assert_eq!(w_tk.dims(), [t, k], "routed_experts: w_tk must be [tokens, k] = [{t}, {k}]");
+    assert_eq!(counts_e.len(), e, "routed_experts: counts_e has {} entries for {e} experts", counts_e.len());
+    assert_eq!(counts_e.iter().sum::<usize>(), t * k, "routed_experts: counts_e must sum to tokens · k = {}", t * k);
+    assert!(
+        w_gate_edf.dims() == [e, d, f] && w_up_edf.dims() == [e, d, f] && w_down_efd.dims() == [e, f, d],
+        "routed_experts: for x_td [t, {d}] the weights must be [e, {d}, f], [e, {d}, f], [e, f, {d}]; got {:?}, {:?}, {:?}",
+        w_gate_edf.dims(),
+        w_up_edf.dims(),
+        w_down_efd.dims()
+    );
+    Tensor::from_dispatch(Dispatch::routed_experts(
+        x_td.into_dispatch(),
+        w_tk.into_dispatch(),
+        map.token_p.clone().into_dispatch(),
+        map.row_tk.clone().into_dispatch(),
+        map.slot_p.clone().into_dispatch(),
         w_gate_edf.into_dispatch(),
         w_up_edf.into_dispatch(),
         w_down_efd.into_dispatch(),

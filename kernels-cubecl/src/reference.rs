@@ -59,6 +59,31 @@ pub fn grouped_swiglu_reference(
     Tensor::cat(outs, 0)
 }
 
+/// Routed experts on the three reference twins: dispatch, grouped experts, weighted combine.
+/// `token_p`, `slot_p`: the token and flat `t · k + j` slot of each permuted row.
+#[allow(clippy::too_many_arguments)]
+pub fn routed_experts_reference(
+    x_td: Tensor<2>,
+    w_tk: Tensor<2>,
+    token_p: Tensor<1, Int>,
+    slot_p: Tensor<1, Int>,
+    w_gate_edf: Tensor<3>,
+    w_up_edf: Tensor<3>,
+    w_down_efd: Tensor<3>,
+    counts_e: &[usize],
+) -> Tensor<2> {
+    let [t, k] = w_tk.dims();
+    let y_pd = grouped_swiglu_reference(
+        permute_rows_reference(x_td, token_p.clone()),
+        w_gate_edf,
+        w_up_edf,
+        w_down_efd,
+        counts_e,
+    );
+    let w_p = w_tk.reshape([t * k]).select(0, slot_p);
+    combine_rows_reference(y_pd, w_p, token_p, t)
+}
+
 /// Softmax top-k gating: per token the k largest of `softmax(logits_te)`, descending, as
 /// `(w_tk, idx_tk)`; divided by their sum when `renormalize`.
 pub fn topk_softmax_reference(logits_te: Tensor<2>, k: usize, renormalize: bool) -> (Tensor<2>, Tensor<2, Int>) {

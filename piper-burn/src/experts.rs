@@ -6,6 +6,7 @@
 use burn::module::Param;
 use burn::prelude::*;
 
+use crate::dispatch::DispatchPlan;
 use crate::init::normal_param;
 
 #[derive(Config, Debug)]
@@ -50,6 +51,23 @@ impl GroupedExperts {
             self.w_up_edf.val(),
             self.w_down_efd.val(),
             counts_e,
+        )
+    }
+
+    /// Dispatch, these experts and the weighted combine in one operation, when every expert is local:
+    /// `out_td[t] = Σ_j topk_w_tk[t, j] · expert_j(x_td[t])` over the token's experts in `plan`.
+    ///
+    /// # Shapes
+    /// - `x_td`: `[t, d]`, `topk_w_tk`: `[t, k]` → `[t, d]`
+    pub fn forward_routed(&self, x_td: Tensor<2>, topk_w_tk: Tensor<2>, plan: &DispatchPlan) -> Tensor<2> {
+        kernels_cubecl::routed_experts(
+            x_td,
+            topk_w_tk,
+            &plan.map,
+            self.w_gate_edf.val(),
+            self.w_up_edf.val(),
+            self.w_down_efd.val(),
+            &plan.counts_e,
         )
     }
 }

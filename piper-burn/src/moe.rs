@@ -144,16 +144,15 @@ impl MoeBlock {
         let positions = self.routing.as_ref().map(|r| r.positions.as_slice());
         // Rows sorted by dispatch position (destination rank, then local slot); counts per position.
         let plan = DispatchPlan::with_positions(&routing.topk_idx_tk, num_experts, positions);
-        let x_pd = permute(x_td.clone(), &plan);
-        let y_pd = match &self.routing {
-            None => self.experts.forward(x_pd, &plan.counts_e),
+        let mut out_td = match &self.routing {
+            // Every expert here: dispatch, experts and combine as one operation (fused on the CPU).
+            None => self.experts.forward_routed(x_td.clone(), routing.topk_w_tk.clone(), &plan),
             Some(r) => {
-                let (x_qd, handle) = r.dispatcher.dispatch(x_pd, &plan.counts_e);
+                let (x_qd, handle) = r.dispatcher.dispatch(permute(x_td.clone(), &plan), &plan.counts_e);
                 let y_qd = self.experts.forward(x_qd, &handle.local_counts);
-                r.dispatcher.combine(y_qd, &handle)
+                combine(r.dispatcher.combine(y_qd, &handle), routing.topk_w_tk.clone(), &plan)
             }
         };
-        let mut out_td = combine(y_pd, routing.topk_w_tk.clone(), &plan);
         if let Some(shared) = &self.shared {
             let mut shared_td = shared.forward(x_td.clone());
             if let Some(gate) = &self.shared_gate {

@@ -6,6 +6,10 @@
 //! no longer zero-filled first: `tiny` 26 → 58–80 GFLOP/s, Mixtral-style d = 256 120 → 138, the coarse
 //! 8 × 512 × 1024 block 0.92 → 1.01 of the dense GEMM rate, 2 threads.)
 //!
+//! Rows come from a [`RowSource`]: a buffer sorted by expert, or (routed experts) the token rows gathered
+//! per task; the backward starts from `dY` rows or, with the combine folded in, from the tokens'
+//! gradient and the combine weights ([`Upstream`]).
+//!
 //! Legend: p = rows (sorted by expert), d = model width, f = expert width, e = experts.
 
 use std::mem::MaybeUninit;
@@ -15,6 +19,8 @@ use rayon::prelude::*;
 use super::buffers::{gemm_into, unwritten, written, zeroed};
 use super::experts::{experts, swiglu_backward_chunk, swiglu_chunk};
 use super::gemm::gemm_st;
+use super::row_source::RowSource;
+use super::simd::{self, multiversion};
 use super::transpose::with_transposed;
 
 /// Fewest rows of one expert per row task.
@@ -58,9 +64,9 @@ fn split_rows<'a, T>(mut buf: &'a mut [T], width: usize, blocks: &[(usize, usize
     out
 }
 
-/// Forward: `(y [p, d], g [p, f], u [p, f])`.
+/// Forward: `(y [p, d], g [p, f], u [p, f])`, the rows `x` read from in expert order.
 pub(super) fn forward(
-    x: &[f32],
+    x: RowSource,
     (wg, wu, wd): (&[f32], &[f32], &[f32]),
     counts_e: &[usize],
     d: usize,
@@ -72,10 +78,12 @@ pub(super) fn forward(
     let (gs, us, ys) = (split_rows(&mut g, f, &blocks), split_rows(&mut u, f, &blocks), split_rows(&mut y, d, &blocks));
     let tasks: Vec<_> = blocks.iter().zip(gs).zip(us).zip(ys).collect();
     tasks.into_par_iter().for_each(|(((&(e, r0, n), g), u), y)| {
-        let x = &x[r0 * d..(r0 + n) * d];
         // G = X·Wg, U = X·Wu: [n, d] × [d, f]; H = silu(G) ⊙ U; Y = H·Wd: [n, f] × [f, d].
-        let g = gemm_into(false, (n, f, d), g, x, (d, 1), &wg[e * d * f..], (f, 1));
-        let u = gemm_into(false, (n, f, d), u, x, (d, 1), &wu[e * d * f..], (f, 1));
+        let (g, u) = x.with_block((r0, n), (0, d), d, |x, rs| {
+            let g = gemm_into(false, (n, f, d), g, x, (rs, 1), &wg[e * d * f..], (f, 1));
+            let u = gemm_into(false, (n, f, d), u, x, (rs, 1), &wu[e * d * f..], (f, 1));
+            (g, u)
+        });
         let mut h = vec![0f32; n * f];
         swiglu_chunk(g, u, &mut h);
         gemm_into(false, (n, d, f), y, &h, (f, 1), &wd[e * f * d..], (d, 1));
@@ -85,73 +93,151 @@ pub(super) fn forward(
     (y, g, u)
 }
 
-/// Backward from `dy [p, d]`: `(dx [p, d], dwg [e, d, f], dwu [e, d, f], dwd [e, f, d])`.
+/// The gradient the experts' backward starts from.
+#[derive(Clone, Copy)]
+pub(super) enum Upstream<'a> {
+    /// `dY` of each row.
+    Rows(RowSource<'a>),
+    /// The experts' output rows were combined into tokens with weights `w_p` (`out[t] = Σ w_p · Y`):
+    /// `dout` is the tokens' gradient, read per row (`dY = w_p · dout`), and the backward also
+    /// returns `dw_p = ⟨dout, Y⟩ = ⟨dout·Wdᵀ, H⟩` — computed from the `f`-wide rows, without `Y`.
+    Combined { dout: RowSource<'a>, w_p: &'a [f32] },
+}
+
+/// What [`backward`] returns: `dx [p, d]`, `dwg [e, d, f]`, `dwu [e, d, f]`, `dwd [e, f, d]` and, for
+/// [`Upstream::Combined`], `dw_p [p]` (else empty).
+pub(super) struct Grads {
+    pub(super) dx: Vec<f32>,
+    pub(super) dwg: Vec<f32>,
+    pub(super) dwu: Vec<f32>,
+    pub(super) dwd: Vec<f32>,
+    pub(super) dw_p: Vec<f32>,
+}
+
+multiversion! {
+    /// `dw[i] = ⟨dh_i, h_i⟩`, then `dh_i *= w[i]` and `h_i *= w[i]`, for rows of width `f`.
+    fn combine_weight_rows(dh: &mut [f32], h: &mut [f32], w: &[f32], dw: &mut [f32], f: usize) {
+        for (((dh, h), &w), dw) in dh.chunks_mut(f).zip(h.chunks_mut(f)).zip(w).zip(dw) {
+            *dw = simd::dot(dh, h);
+            dh.iter_mut().for_each(|v| *v *= w);
+            h.iter_mut().for_each(|v| *v *= w);
+        }
+    }
+}
+
+/// Backward from `upstream`, the forward's rows `x` and projections `g`, `u` (see [`Grads`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn backward(
-    dy: &[f32],
-    x: &[f32],
+    upstream: Upstream,
+    x: RowSource,
     (wg, wu, wd): (&[f32], &[f32], &[f32]),
     (g, u): (&[f32], &[f32]),
     counts_e: &[usize],
     d: usize,
     f: usize,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+) -> Grads {
     let p: usize = counts_e.iter().sum();
     let ne = counts_e.len();
-    // Row tasks: dH = dY·Wdᵀ (becomes dG in place), dU and H beside it, dX = dG·Wgᵀ + dU·Wuᵀ.
+    let (dy, w_p) = match upstream {
+        Upstream::Rows(dy) => (dy, None),
+        Upstream::Combined { dout, w_p } => (dout, Some(w_p)),
+    };
+    // Row tasks: dH = dY·Wdᵀ (becomes dG in place), dU and H beside it, dX = dG·Wgᵀ + dU·Wuᵀ. Combined:
+    // dH starts as dout·Wdᵀ, gives dw, then is scaled by w — and so is H, as dWd = (w ⊙ H)ᵀ·dout.
     let (mut dg, mut du, mut h, mut dx) = (unwritten(p * f), unwritten(p * f), unwritten(p * f), unwritten(p * d));
+    let mut dw_p = unwritten(if w_p.is_some() { p } else { 0 });
     let blocks = row_blocks(counts_e);
     let (dgs, dus) = (split_rows(&mut dg, f, &blocks), split_rows(&mut du, f, &blocks));
     let (hs, dxs) = (split_rows(&mut h, f, &blocks), split_rows(&mut dx, d, &blocks));
-    let tasks: Vec<_> = blocks.iter().zip(dgs).zip(dus).zip(hs.into_iter().zip(dxs)).collect();
-    tasks.into_par_iter().for_each(|(((&(e, r0, n), dg), du), (h, dx))| {
-        let dy = &dy[r0 * d..(r0 + n) * d];
+    let dws = split_rows(&mut dw_p, usize::from(w_p.is_some()), &blocks);
+    let tasks: Vec<_> = blocks.iter().zip(dgs).zip(dus).zip(hs.into_iter().zip(dxs).zip(dws)).collect();
+    tasks.into_par_iter().for_each(|(((&(e, r0, n), dg), du), ((h, dx), dw))| {
         // Wd_e is [f, d] and Wg_e, Wu_e are [d, f], row-major: each is read transposed.
-        let dg = with_transposed(&wd[e * f * d..], (f, d), n, false, |w, s| {
-            gemm_into(false, (n, f, d), dg, dy, (d, 1), w, s)
+        let dg = dy.with_block((r0, n), (0, d), d, |dy, rs| {
+            with_transposed(&wd[e * f * d..], (f, d), n, false, |w, s| {
+                gemm_into(false, (n, f, d), dg, dy, (rs, 1), w, s)
+            })
         });
+        let (g, u) = (&g[r0 * f..(r0 + n) * f], &u[r0 * f..(r0 + n) * f]);
         let (du, h) = (zeroed(du), zeroed(h));
-        swiglu_backward_chunk(&g[r0 * f..(r0 + n) * f], &u[r0 * f..(r0 + n) * f], dg, du, h);
+        match w_p {
+            None => swiglu_backward_chunk(g, u, dg, du, h),
+            Some(w_p) => {
+                swiglu_chunk(g, u, h);
+                combine_weight_rows(dg, h, &w_p[r0..r0 + n], zeroed(dw), f);
+                swiglu_backward_chunk(g, u, dg, du, &mut []);
+            }
+        }
         let dx = with_transposed(&wg[e * d * f..], (d, f), n, false, |w, s| {
             gemm_into(false, (n, d, f), dx, dg, (f, 1), w, s)
         });
         with_transposed(&wu[e * d * f..], (d, f), n, false, |w, s| gemm_st(false, n, d, f, dx, true, du, (f, 1), w, s));
     });
     // SAFETY: the blocks cover every row, and each task wrote its blocks whole.
-    let (dg, du, h, dx) = unsafe { (written(dg), written(du), written(h), written(dx)) };
-    // Weight tasks: dWg = Xᵀ·dG, dWu = Xᵀ·dU ([d, n] × [n, f]), dWd = Hᵀ·dY ([f, n] × [n, d]).
+    let (dg, du, h, dx, dw_p) = unsafe { (written(dg), written(du), written(h), written(dx), written(dw_p)) };
+    // Weight tasks: dWg = Xᵀ·dG and dWu = Xᵀ·dU ([d, n] × [n, f]) on one read of X's columns,
+    // dWd = Hᵀ·dY ([f, n] × [n, d]); each expert's matrices cut into pieces of rows, so that even a
+    // few experts make enough tasks.
     let (mut dwg, mut dwu, mut dwd) = (unwritten(ne * d * f), unwritten(ne * d * f), unwritten(ne * f * d));
     let starts: Vec<usize> = counts_e.iter().scan(0, |r, &n| Some(std::mem::replace(r, *r + n))).collect();
-    let (dg, du, h) = (&dg, &du, &h);
-    // Pieces of rows per expert's matrix, so that even a few experts make enough tasks.
     let pieces = wanted_tasks().div_ceil(experts(counts_e).count().max(1));
-    let weight_tasks =
-        |w: &mut [MaybeUninit<f32>], rows: usize, cols: usize, lhs: &[f32], lhs_w: usize, rhs: &[f32]| {
-            let piece = rows.div_ceil(pieces).max(1);
-            let tasks: Vec<_> = w
-                .chunks_mut((rows * cols).max(1))
-                .enumerate()
-                .flat_map(|(e, w_e)| {
-                    w_e.chunks_mut(piece * cols).enumerate().map(move |(j, w_ej)| (e, j * piece, w_ej))
-                })
-                .collect();
-            tasks.into_par_iter().for_each(|(e, i0, w_ej)| {
-                let (r0, n, m) = (starts[e], counts_e[e], w_ej.len() / cols.max(1));
-                if n == 0 {
-                    // An expert without rows: a zero gradient.
-                    zeroed(w_ej);
-                    return;
-                }
-                // Rows i0.. of lhsᵀ [rows, n]: element (i, l) at (r0 + l)·lhs_w + i0 + i.
-                gemm_into(false, (m, cols, n), w_ej, &lhs[r0 * lhs_w + i0..], (1, lhs_w), &rhs[r0 * cols..], (cols, 1));
-            });
+    let tasks: Vec<WeightTask> = pieces_of(&mut dwg, d, f, pieces)
+        .into_iter()
+        .zip(pieces_of(&mut dwu, d, f, pieces))
+        .map(|((e, i0, dwg), (_, _, dwu))| WeightTask::GateUp(e, i0, dwg, dwu))
+        .chain(pieces_of(&mut dwd, f, d, pieces).into_iter().map(|(e, i0, dwd)| WeightTask::Down(e, i0, dwd)))
+        .collect();
+    tasks.into_par_iter().for_each(|task| {
+        let e = match &task {
+            WeightTask::GateUp(e, ..) | WeightTask::Down(e, ..) => *e,
         };
-    weight_tasks(&mut dwg, d, f, x, d, dg);
-    weight_tasks(&mut dwu, d, f, x, d, du);
-    weight_tasks(&mut dwd, f, d, h, f, dy);
-    // SAFETY: the pieces cover every expert's matrix, and each task wrote (or zeroed) its piece whole.
+        let (r0, n) = (starts[e], counts_e[e]);
+        match task {
+            // An expert without rows: zero gradients.
+            WeightTask::GateUp(_, _, dwg, dwu) if n == 0 => {
+                zeroed(dwg);
+                zeroed(dwu);
+            }
+            WeightTask::Down(_, _, dwd) if n == 0 => {
+                zeroed(dwd);
+            }
+            // Rows i0.. of Xᵀ [d, n] are columns i0.. of X's rows: element (i, l) at l·stride + i.
+            WeightTask::GateUp(_, i0, dwg, dwu) => x.with_block((r0, n), (i0, dwg.len() / f), d, |x, rs| {
+                let m = dwg.len() / f;
+                gemm_into(false, (m, f, n), dwg, x, (1, rs), &dg[r0 * f..], (f, 1));
+                gemm_into(false, (m, f, n), dwu, x, (1, rs), &du[r0 * f..], (f, 1));
+            }),
+            // Rows i0.. of Hᵀ [f, n]: element (i, l) at (r0 + l)·f + i0 + i.
+            WeightTask::Down(_, i0, dwd) => dy.with_block((r0, n), (0, d), d, |dy, rs| {
+                gemm_into(false, (dwd.len() / d, d, n), dwd, &h[r0 * f + i0..], (1, f), dy, (rs, 1));
+            }),
+        }
+    });
+    // SAFETY: the pieces cover every expert's matrices, and each task wrote (or zeroed) its pieces whole.
     let (dwg, dwu, dwd) = unsafe { (written(dwg), written(dwu), written(dwd)) };
-    (dx, dwg, dwu, dwd)
+    Grads { dx, dwg, dwu, dwd, dw_p }
+}
+
+/// One task of the weight gradients: `(expert, first row, piece)` of `dWg` and `dWu` together (they
+/// share the read of X), or of `dWd`.
+enum WeightTask<'a> {
+    GateUp(usize, usize, &'a mut [MaybeUninit<f32>], &'a mut [MaybeUninit<f32>]),
+    Down(usize, usize, &'a mut [MaybeUninit<f32>]),
+}
+
+/// `w` (one `rows × cols` matrix per expert) cut into `(expert, first row, piece)` of `⌈rows / pieces⌉`
+/// rows (the last may be shorter).
+fn pieces_of(
+    w: &mut [MaybeUninit<f32>],
+    rows: usize,
+    cols: usize,
+    pieces: usize,
+) -> Vec<(usize, usize, &mut [MaybeUninit<f32>])> {
+    let piece = rows.div_ceil(pieces.max(1)).max(1);
+    w.chunks_mut((rows * cols).max(1))
+        .enumerate()
+        .flat_map(|(e, w_e)| w_e.chunks_mut(piece * cols).enumerate().map(move |(j, w_ej)| (e, j * piece, w_ej)))
+        .collect()
 }
 
 #[cfg(test)]

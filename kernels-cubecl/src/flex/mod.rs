@@ -5,7 +5,10 @@
 //! tensor (no slices, concatenations or zero-filled gradients) — and SwiGLU with its backward is one
 //! fused, multi-threaded pass over the rows instead of the ~4 (forward) and ~11 (backward) element-wise
 //! tensor ops of the generic definition; dispatch, combine and their backwards are one pass over rows
-//! each ([`rows`]). The fused dense operations (attention, rotary embedding, cross-entropy) are in
+//! each ([`rows`]). When every expert is local, the routed experts run as one operation with dispatch
+//! and combine folded in: the tasks gather their token rows themselves ([`row_source`]) and the combine
+//! weights enter the backward after `dout·Wdᵀ`, so neither the dispatched rows nor `dY` is ever
+//! materialised. The fused dense operations (attention, rotary embedding, cross-entropy) are in
 //! [`fused`]. Other dtypes than f32 (and index tensors other than i64/i32) take the generic path of
 //! [`crate::backend`].
 //!
@@ -28,6 +31,7 @@ mod grouped_tasks;
 mod heads;
 mod linear;
 mod norm;
+mod row_source;
 mod rows;
 pub(crate) mod simd;
 mod transpose;
@@ -36,6 +40,8 @@ use crate::backend::{MoeBackend, generic};
 use crate::grouped::{grouped_backward, grouped_forward};
 use crate::profile;
 use experts::{swiglu_backward_rows, swiglu_rows};
+use grouped_tasks::Upstream;
+use row_source::RowSource;
 
 impl MoeBackend for Flex {
     fn grouped_swiglu_forward(
@@ -52,7 +58,7 @@ impl MoeBackend for Flex {
         // Three [rows, d] × [d, f]-sized products.
         let _p = profile::op("grouped experts", 6.0 * (p * d * f) as f64);
         let (x, wg, wu, wd) = (f32s(&x_pd), f32s(&w_gate_edf), f32s(&w_up_edf), f32s(&w_down_efd));
-        let (y, g, u) = grouped_tasks::forward(&x, (&wg, &wu, &wd), &counts_e, d, f);
+        let (y, g, u) = grouped_tasks::forward(RowSource::Sorted(&x), (&wg, &wu, &wd), &counts_e, d, f);
         (tensor(y, [p, d]), tensor(g, [p, f]), tensor(u, [p, f]))
     }
 
@@ -75,8 +81,93 @@ impl MoeBackend for Flex {
         let _p = profile::op("grouped experts", 12.0 * (p * d * f) as f64);
         let (dy, x, g, u) = (f32s(&dy_pd), f32s(&x_pd), f32s(&g_pf), f32s(&u_pf));
         let (wg, wu, wd) = (f32s(&w_gate_edf), f32s(&w_up_edf), f32s(&w_down_efd));
-        let (dx, dwg, dwu, dwd) = grouped_tasks::backward(&dy, &x, (&wg, &wu, &wd), (&g, &u), &counts_e, d, f);
-        (tensor(dx, [p, d]), tensor(dwg, [ne, d, f]), tensor(dwu, [ne, d, f]), tensor(dwd, [ne, f, d]))
+        let (dy, x) = (Upstream::Rows(RowSource::Sorted(&dy)), RowSource::Sorted(&x));
+        let gr = grouped_tasks::backward(dy, x, (&wg, &wu, &wd), (&g, &u), &counts_e, d, f);
+        (tensor(gr.dx, [p, d]), tensor(gr.dwg, [ne, d, f]), tensor(gr.dwu, [ne, d, f]), tensor(gr.dwd, [ne, f, d]))
+    }
+
+    fn routed_experts_forward(
+        x_td: FloatTensor<Self>,
+        w_tk: FloatTensor<Self>,
+        token_p: IntTensor<Self>,
+        row_tk: IntTensor<Self>,
+        slot_p: IntTensor<Self>,
+        w_gate_edf: FloatTensor<Self>,
+        w_up_edf: FloatTensor<Self>,
+        w_down_efd: FloatTensor<Self>,
+        counts_e: Vec<usize>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let all_f32 = [&x_td, &w_tk, &w_gate_edf, &w_up_edf, &w_down_efd].iter().all(|t| t.dtype() == DType::F32);
+        let maps = all_f32.then(|| indices(&token_p).zip(indices(&row_tk))).flatten();
+        let Some((tokens, rows)) = maps else {
+            return generic::routed_experts_forward::<Self>(
+                x_td, w_tk, token_p, row_tk, slot_p, w_gate_edf, w_up_edf, w_down_efd, counts_e,
+            );
+        };
+        let (t, k, d, f) = (row_tk.shape()[0], row_tk.shape()[1], x_td.shape()[1], w_gate_edf.shape()[2]);
+        let p = tokens.len();
+        let _p = profile::op("routed experts", 6.0 * (p * d * f) as f64);
+        let (x, w) = (f32s(&x_td), f32s(&w_tk));
+        let (wg, wu, wd) = (f32s(&w_gate_edf), f32s(&w_up_edf), f32s(&w_down_efd));
+        let x = RowSource::Gathered { rows_td: &x, token_p: &tokens };
+        let (y, g, u) = grouped_tasks::forward(x, (&wg, &wu, &wd), &counts_e, d, f);
+        let mut out = vec![0f32; t * d];
+        rows::combine(&y, &w, &rows, k, d, &mut out);
+        // The backward needs neither the dispatched rows nor the experts' outputs (see `Upstream`).
+        (tensor(out, [t, d]), tensor(g, [p, f]), tensor(u, [p, f]), tensor(Vec::new(), [0, d]))
+    }
+
+    fn routed_experts_backward(
+        dout_td: FloatTensor<Self>,
+        x_td: FloatTensor<Self>,
+        w_tk: FloatTensor<Self>,
+        token_p: IntTensor<Self>,
+        row_tk: IntTensor<Self>,
+        slot_p: IntTensor<Self>,
+        w_gate_edf: FloatTensor<Self>,
+        w_up_edf: FloatTensor<Self>,
+        w_down_efd: FloatTensor<Self>,
+        g_pf: FloatTensor<Self>,
+        u_pf: FloatTensor<Self>,
+        y_pd: FloatTensor<Self>,
+        counts_e: Vec<usize>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let floats = [&dout_td, &x_td, &w_tk, &w_gate_edf, &w_up_edf, &w_down_efd, &g_pf, &u_pf];
+        let all_f32 = floats.iter().all(|t| t.dtype() == DType::F32);
+        // The fused forward returns no output rows; the generic one (other dtypes) does.
+        let fused = all_f32 && y_pd.shape()[0] == 0;
+        let maps = fused.then(|| indices(&token_p).zip(indices(&row_tk)).zip(indices(&slot_p))).flatten();
+        let Some(((tokens, rows), slots)) = maps else {
+            return generic::routed_experts_backward::<Self>(
+                dout_td, x_td, w_tk, token_p, row_tk, slot_p, w_gate_edf, w_up_edf, w_down_efd, g_pf, u_pf, y_pd,
+                counts_e,
+            );
+        };
+        let (t, k, d, f, ne) =
+            (row_tk.shape()[0], row_tk.shape()[1], x_td.shape()[1], w_gate_edf.shape()[2], w_gate_edf.shape()[0]);
+        let p = tokens.len();
+        let _p = profile::op("routed experts", 12.0 * (p * d * f) as f64);
+        let (dout, x, w, g, u) = (f32s(&dout_td), f32s(&x_td), f32s(&w_tk), f32s(&g_pf), f32s(&u_pf));
+        let (wg, wu, wd) = (f32s(&w_gate_edf), f32s(&w_up_edf), f32s(&w_down_efd));
+        // The combine weight of each row, in expert order.
+        let w_p: Vec<f32> = slots.iter().map(|&s| w[s]).collect();
+        let dout = Upstream::Combined { dout: RowSource::Gathered { rows_td: &dout, token_p: &tokens }, w_p: &w_p };
+        let x = RowSource::Gathered { rows_td: &x, token_p: &tokens };
+        let gr = grouped_tasks::backward(dout, x, (&wg, &wu, &wd), (&g, &u), &counts_e, d, f);
+        let mut dx = vec![0f32; t * d];
+        rows::permute_backward(&gr.dx, &rows, k, d, &mut dx);
+        let mut dw = vec![0f32; t * k];
+        for (&s, &v) in slots.iter().zip(&gr.dw_p) {
+            dw[s] = v;
+        }
+        let shape_w = [ne, d, f];
+        (
+            tensor(dx, [t, d]),
+            tensor(dw, [t, k]),
+            tensor(gr.dwg, shape_w),
+            tensor(gr.dwu, shape_w),
+            tensor(gr.dwd, [ne, f, d]),
+        )
     }
 
     fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
