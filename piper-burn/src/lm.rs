@@ -142,7 +142,7 @@ impl CausalLm {
             terms.extend(moe.iter().map(|m| m.aux_loss.clone() * (self.aux_loss_coef / n)));
         }
         if self.z_loss_coef > 0.0 {
-            terms.extend(moe.iter().map(|m| m.z_loss.clone() * (self.z_loss_coef / n)));
+            terms.extend(moe.iter().map(|m| m.z_loss() * (self.z_loss_coef / n)));
         }
         terms.into_iter().reduce(|a, b| a + b)
     }

@@ -17,7 +17,7 @@ use crate::fused_layers::linear;
 use crate::init::normal_linear;
 use crate::losses::{load_balancing_loss_from_counts, z_loss};
 use crate::mlp::{Mlp, MlpConfig};
-use crate::router::{Router, RouterConfig};
+use crate::router::{Router, RouterConfig, Scoring};
 
 /// How this block reaches its experts: the dispatcher, and where each expert lives.
 #[derive(Clone, Debug)]
@@ -60,8 +60,6 @@ pub struct MoeBlock {
 pub struct MoeStats {
     /// Load-balancing auxiliary loss (softmax over all experts).
     pub aux_loss: Tensor<1>,
-    /// Router z-loss.
-    pub z_loss: Tensor<1>,
     /// Token copies per expert.
     pub tokens_per_expert: Vec<usize>,
     /// Router logits `[t, e]`.
@@ -69,6 +67,11 @@ pub struct MoeStats {
 }
 
 impl MoeStats {
+    /// Router z-loss of these logits (computed on demand: most runs do not weigh it in).
+    pub fn z_loss(&self) -> Tensor<1> {
+        z_loss(self.router_logits_te.clone())
+    }
+
     /// Max / mean tokens per expert (1 = balanced).
     pub fn imbalance(&self) -> f64 {
         let n = self.tokens_per_expert.len().max(1) as f64;
@@ -171,10 +174,13 @@ impl MoeBlock {
         };
         let k = routing.topk_idx_tk.dims()[1];
         let layer_tokens = layer_load.iter().sum::<usize>() / k.max(1);
-        let probs_te = softmax(routing.logits_te.clone(), 1);
+        // The router's scores are this softmax already when it scores by softmax.
+        let probs_te = match self.router.scoring {
+            Scoring::Softmax => routing.scores_te,
+            Scoring::Sigmoid => softmax(routing.logits_te.clone(), 1),
+        };
         let stats = MoeStats {
             aux_loss: load_balancing_loss_from_counts(probs_te, &layer_load, layer_tokens),
-            z_loss: z_loss(routing.logits_te.clone()),
             tokens_per_expert,
             router_logits_te: routing.logits_te,
         };
