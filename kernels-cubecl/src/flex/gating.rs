@@ -7,19 +7,21 @@
 
 use rayon::prelude::*;
 
+use super::simd::{self, multiversion};
+
 /// Tokens per parallel task.
 const TOKENS_PER_TASK: usize = 64;
 
-/// `p = softmax(row)` into `p` (max-subtracted; NaN in, NaN out).
-fn softmax_row(row: &[f32], p: &mut [f32]) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, |m, x| if x > m || x.is_nan() { x } else { m });
-    let mut sum = 0.0;
-    for (q, &x) in p.iter_mut().zip(row) {
-        *q = (x - max).exp();
-        sum += *q;
+multiversion! {
+    /// `p = softmax(row)` into `p` (max-subtracted; NaN in, NaN out), with the crate's vectorised `exp`.
+    fn softmax_row(row: &[f32], p: &mut [f32]) {
+        let max = simd::max(row);
+        for (q, &x) in p.iter_mut().zip(row) {
+            *q = simd::exp(x - max);
+        }
+        let inv = 1.0 / simd::sum(p);
+        p.iter_mut().for_each(|q| *q *= inv);
     }
-    let inv = 1.0 / sum;
-    p.iter_mut().for_each(|q| *q *= inv);
 }
 
 /// Indices of the `k` largest of `p` in descending order (`f32::total_cmp`, so a NaN ranks above
@@ -52,8 +54,11 @@ pub(super) fn topk_softmax(logits_te: &[f32], e: usize, k: usize, renormalize: b
         let mut p = vec![0f32; e];
         for (i, (w, idx)) in w_out.chunks_mut(k).zip(idx_out.chunks_mut(k)).enumerate() {
             let tok = c * TOKENS_PER_TASK + i;
-            softmax_row(&logits_te[tok * e..(tok + 1) * e], &mut p);
-            top_k(&p, idx);
+            let row = &logits_te[tok * e..(tok + 1) * e];
+            softmax_row(row, &mut p);
+            // Picked on the logits, which the softmax orders the same way: exactly, whatever `exp`
+            // rounds to (two logits a few ulps apart may share a probability).
+            top_k(row, idx);
             for (wj, &ej) in w.iter_mut().zip(idx.iter()) {
                 *wj = p[ej];
             }
