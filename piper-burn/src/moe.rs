@@ -148,13 +148,14 @@ impl MoeBlock {
         // Rows sorted by dispatch position (destination rank, then local slot); counts per position.
         let plan = DispatchPlan::with_positions(&routing.topk_idx_tk, num_experts, positions);
         let mut out_td = match &self.routing {
-            // Every expert here: dispatch, experts and combine as one operation (fused on the CPU).
-            None => self.experts.forward_routed(x_td.clone(), routing.topk_w_tk.clone(), &plan),
-            Some(r) => {
+            Some(r) if r.placement.ranks() > 1 => {
                 let (x_qd, handle) = r.dispatcher.dispatch(permute(x_td.clone(), &plan), &plan.counts_e);
                 let y_qd = self.experts.forward(x_qd, &handle.local_counts);
                 combine(r.dispatcher.combine(y_qd, &handle), routing.topk_w_tk.clone(), &plan)
             }
+            // Every expert on this rank (a one-rank dispatcher only shares the layer's load): dispatch,
+            // experts and combine as one operation (fused on the CPU).
+            _ => self.experts.forward_routed(x_td.clone(), routing.topk_w_tk.clone(), &plan),
         };
         if let Some(shared) = &self.shared {
             let mut shared_td = shared.forward(x_td.clone());
