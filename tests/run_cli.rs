@@ -68,7 +68,7 @@ fn profile_prints_phases_and_operations_that_add_up_to_the_step() {
         }
     }
     assert!(adds_up(phases, 100.0, seen.len() as f64), "phases and outside add up to {phases}%:\n{}", table.join("\n"));
-    for want in ["forward", "backward", "optimizer", "linear", "grouped", "attention", "rms", "adamw"] {
+    for want in ["forward", "backward", "optimizer", "linear", "routed", "attention", "rms", "adamw"] {
         assert!(seen.iter().any(|s| s == want), "no {want} row:\n{}", table.join("\n"));
     }
 }

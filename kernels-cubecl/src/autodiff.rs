@@ -87,6 +87,23 @@ impl<B: MoeBackend> Backward<B, 1> for TopkSoftmaxBackward {
     }
 }
 
+#[derive(Debug)]
+struct TopkSigmoidBackward;
+
+impl<B: MoeBackend> Backward<B, 1> for TopkSigmoidBackward {
+    /// `(logits_te, idx_tk, renormalize)`.
+    type State = (FloatTensor<B>, IntTensor<B>, bool);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_logits] = ops.parents;
+        let dw_tk = grads.consume::<B>(&ops.node);
+        let (logits_te, idx_tk, renormalize) = ops.state;
+        if let Some(node) = node_logits {
+            grads.register::<B>(node.id, B::topk_sigmoid_backward(logits_te, idx_tk, dw_tk, renormalize));
+        }
+    }
+}
+
 impl<B: MoeBackend, C: CheckpointStrategy> MoeBackend for Autodiff<B, C> {
     fn grouped_swiglu(
         x_pd: FloatTensor<Self>,
@@ -208,6 +225,23 @@ impl<B: MoeBackend, C: CheckpointStrategy> MoeBackend for Autodiff<B, C> {
         let (w_tk, idx_tk) = B::topk_softmax(logits.clone(), k, renormalize);
         let w = match TopkSoftmaxBackward.prepare::<C>([node]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => prep.finish((logits, idx_tk.clone(), w_tk.clone(), renormalize), w_tk),
+            OpsKind::UnTracked(prep) => prep.finish(w_tk),
+        };
+        (w, idx_tk)
+    }
+
+    fn topk_sigmoid(
+        logits_te: FloatTensor<Self>,
+        bias_e: FloatTensor<Self>,
+        k: usize,
+        renormalize: bool,
+    ) -> (FloatTensor<Self>, IntTensor<Self>) {
+        let (logits, node) = logits_te.into_parts();
+        // The bias only steers the choice: no gradient flows to it.
+        let (bias, _) = bias_e.into_parts();
+        let (w_tk, idx_tk) = B::topk_sigmoid(logits.clone(), bias, k, renormalize);
+        let w = match TopkSigmoidBackward.prepare::<C>([node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((logits, idx_tk.clone(), renormalize), w_tk),
             OpsKind::UnTracked(prep) => prep.finish(w_tk),
         };
         (w, idx_tk)

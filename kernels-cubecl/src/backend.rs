@@ -187,6 +187,29 @@ pub trait MoeBackend: burn::backend::Backend {
     ) -> FloatTensor<Self> {
         generic::topk_softmax_backward::<Self>(logits_te, idx_tk, w_tk, dw_tk, renormalize)
     }
+
+    /// Sigmoid top-k gating (DeepSeek-V3): per token the `k` experts with the largest
+    /// `sigmoid(logits_te) + bias_e` (the bias steers the choice only), in descending order, as
+    /// `(w_tk, idx_tk)` with `w` their sigmoid scores, divided by `Σ w + 1e-20` when `renormalize`.
+    fn topk_sigmoid(
+        logits_te: FloatTensor<Self>,
+        bias_e: FloatTensor<Self>,
+        k: usize,
+        renormalize: bool,
+    ) -> (FloatTensor<Self>, IntTensor<Self>) {
+        generic::topk_sigmoid::<Self>(logits_te, bias_e, k, renormalize)
+    }
+
+    /// Backward of [`Self::topk_sigmoid`] from `dw_tk`, given the experts it picked: `d logits_te`
+    /// (zero outside the picked experts; the bias gets none).
+    fn topk_sigmoid_backward(
+        logits_te: FloatTensor<Self>,
+        idx_tk: IntTensor<Self>,
+        dw_tk: FloatTensor<Self>,
+        renormalize: bool,
+    ) -> FloatTensor<Self> {
+        generic::topk_sigmoid_backward::<Self>(logits_te, idx_tk, dw_tk, renormalize)
+    }
 }
 
 /// NdArray (Burn's deprecated CPU backend, `--backend ndarray`) runs the generic definitions above.
@@ -209,6 +232,51 @@ pub(crate) mod generic {
     use burn::tensor::{IndexingUpdateOp, Shape};
 
     use super::MoeBackend;
+
+    /// [`super::MoeBackend::topk_sigmoid`] on Burn's ops.
+    pub(crate) fn topk_sigmoid<B: Backend>(
+        logits_te: FloatTensor<B>,
+        bias_e: FloatTensor<B>,
+        k: usize,
+        renormalize: bool,
+    ) -> (FloatTensor<B>, IntTensor<B>) {
+        let [e] = bias_e.shape().dims::<1>();
+        let scores_te = B::sigmoid(logits_te);
+        let select_te = B::float_add(scores_te.clone(), B::float_reshape(bias_e, Shape::new([1, e])));
+        let int_dtype = get_or_init_device_settings::<B>(&scores_te.device()).int_dtype;
+        let (_, idx_tk) = B::float_topk_with_indices(select_te, 1, k, int_dtype);
+        let w_tk = B::float_gather(1, scores_te, idx_tk.clone());
+        if renormalize {
+            let sum_t1 = B::float_add_scalar(B::float_sum_dim(w_tk.clone(), 1), 1e-20f32.into());
+            return (B::float_div(w_tk, sum_t1), idx_tk);
+        }
+        (w_tk, idx_tk)
+    }
+
+    /// [`super::MoeBackend::topk_sigmoid_backward`] on Burn's ops: with `s` the picked scores and
+    /// `D = Σ s + 1e-20`, `∂L/∂s = (dw − ⟨dw, s / D⟩) / D` when renormalised (else `dw`), times
+    /// `s · (1 − s)`, scattered to the picked experts.
+    pub(crate) fn topk_sigmoid_backward<B: Backend>(
+        logits_te: FloatTensor<B>,
+        idx_tk: IntTensor<B>,
+        dw_tk: FloatTensor<B>,
+        renormalize: bool,
+    ) -> FloatTensor<B> {
+        let (shape, device, dtype) = (logits_te.shape(), logits_te.device(), logits_te.dtype());
+        let s_tk = B::sigmoid(B::float_gather(1, logits_te, idx_tk.clone()));
+        let ds_tk = if renormalize {
+            let d_t1 = B::float_add_scalar(B::float_sum_dim(s_tk.clone(), 1), 1e-20f32.into());
+            let w_tk = B::float_div(s_tk.clone(), d_t1.clone());
+            let dot_t1 = B::float_sum_dim(B::float_mul(dw_tk.clone(), w_tk), 1);
+            B::float_div(B::float_sub(dw_tk, dot_t1), d_t1)
+        } else {
+            dw_tk
+        };
+        let one_minus = B::float_add_scalar(B::float_neg(s_tk.clone()), 1.0f32.into());
+        let dl_tk = B::float_mul(ds_tk, B::float_mul(s_tk, one_minus));
+        let zeros = B::float_zeros(shape, &device, dtype.into());
+        B::float_scatter(1, zeros, idx_tk, dl_tk, IndexingUpdateOp::Add)
+    }
 
     /// [`MoeBackend::routed_experts_forward`] as dispatch, grouped experts and combine (the backend's own).
     #[allow(clippy::too_many_arguments)]

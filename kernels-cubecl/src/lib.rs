@@ -41,7 +41,8 @@ pub use fused::{
 pub use reference::{
     adamw_step_reference, causal_attention_reference, combine_rows_reference, concat_heads_reference,
     cross_entropy_reference, grouped_swiglu_reference, linear_reference, permute_rows_reference, rms_norm_reference,
-    rotary_reference, routed_experts_reference, square_sum_reference, swiglu_reference, topk_softmax_reference,
+    rotary_reference, routed_experts_reference, square_sum_reference, swiglu_reference, topk_sigmoid_reference,
+    topk_softmax_reference,
 };
 
 /// Where each permuted row comes from and goes back to: the `t · k` (token, slot) pairs in the
@@ -132,6 +133,25 @@ pub fn topk_softmax(logits_te: Tensor<2>, k: usize, renormalize: bool) -> (Tenso
     let e = logits_te.dims()[1];
     assert!((1..=e).contains(&k), "topk_softmax: k = {k} must be in 1..={e} (the number of experts)");
     let (w, idx) = Dispatch::topk_softmax(logits_te.into_dispatch(), k, renormalize);
+    (Tensor::from_dispatch(w), Tensor::from_dispatch(idx))
+}
+
+/// Sigmoid top-k gating (DeepSeek-V3): `(w_tk, idx_tk)`, per token the `k` experts with the largest
+/// `sigmoid(logits_te) + bias_e` in descending order (the bias, a constant, only steers the choice),
+/// weighted by their sigmoid scores, divided by `Σ w + 1e-20` when `renormalize`.
+///
+/// # Panics
+/// Unless `1 ≤ k ≤ e` and `bias_e` is `[e]`.
+pub fn topk_sigmoid(
+    logits_te: Tensor<2>,
+    bias_e: Tensor<1>,
+    k: usize,
+    renormalize: bool,
+) -> (Tensor<2>, Tensor<2, Int>) {
+    let e = logits_te.dims()[1];
+    assert!((1..=e).contains(&k), "topk_sigmoid: k = {k} must be in 1..={e} (the number of experts)");
+    assert_eq!(bias_e.dims(), [e], "topk_sigmoid: bias_e must be [experts] = [{e}]");
+    let (w, idx) = Dispatch::topk_sigmoid(logits_te.into_dispatch(), bias_e.into_dispatch(), k, renormalize);
     (Tensor::from_dispatch(w), Tensor::from_dispatch(idx))
 }
 

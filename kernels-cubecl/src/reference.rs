@@ -96,6 +96,26 @@ pub fn topk_softmax_reference(logits_te: Tensor<2>, k: usize, renormalize: bool)
     (w_tk, idx_tk)
 }
 
+/// Sigmoid top-k gating (DeepSeek-V3's router): the `k` largest of `sigmoid(logits_te) + bias_e` per
+/// token, descending, chosen on detached scores; the weights are the scores themselves (divided by
+/// `Σ + 1e-20` when `renormalize`), as `(w_tk, idx_tk)`.
+pub fn topk_sigmoid_reference(
+    logits_te: Tensor<2>,
+    bias_e: Tensor<1>,
+    k: usize,
+    renormalize: bool,
+) -> (Tensor<2>, Tensor<2, Int>) {
+    let scores_te = burn::tensor::activation::sigmoid(logits_te);
+    let select_te = scores_te.clone().detach() + bias_e.unsqueeze::<2>();
+    let (_, idx_tk) = select_te.topk_with_indices(k, 1);
+    let w_tk = scores_te.gather(1, idx_tk.clone());
+    if renormalize {
+        let sum_t1 = w_tk.clone().sum_dim(1) + 1e-20;
+        return (w_tk / sum_t1, idx_tk);
+    }
+    (w_tk, idx_tk)
+}
+
 /// A linear layer on tensor ops: `x · w_kn + b_n`, the weight broadcast over the leading dims of `x`.
 ///
 /// # Shapes

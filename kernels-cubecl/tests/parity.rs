@@ -152,6 +152,29 @@ fn topk_case_sized(device: &Device, t: usize, e: usize, k: usize, renormalize: b
     close(&format!("{what} grad logits"), &fast.2, &reference.2);
 }
 
+/// Sigmoid top-k with a selection bias: picks, weights and the gradient of the logits (none to the bias).
+fn topk_sigmoid_case(device: &Device, t: usize, e: usize, k: usize, renormalize: bool) {
+    let (logits, probe) = (random([t, e], 2.0, 30 + k as u64), random([t, k], 1.0, 31));
+    // A bias large enough to change some picks (sigmoid scores are in (0, 1)).
+    let bias = random([e], 0.3, 32);
+    let run = |dev: &Device, fast: bool| {
+        let l = Tensor::<2>::from_data(logits.clone(), dev).require_grad();
+        let b = Tensor::<1>::from_data(bias.clone(), dev);
+        let (w, idx) = if fast {
+            topk_sigmoid(l.clone(), b, k, renormalize)
+        } else {
+            topk_sigmoid_reference(l.clone(), b, k, renormalize)
+        };
+        let grads = (w.clone() * Tensor::from_data(probe.clone(), dev)).sum().backward();
+        (values(w), int_values(idx), values(l.grad(&grads).unwrap()))
+    };
+    let (fast, reference) = (run(device, true), run(&reference_device(), false));
+    let what = format!("sigmoid top-{k} of {e} over {t} tokens (renormalize {renormalize})");
+    assert_eq!(fast.1, reference.1, "{what}: experts picked");
+    close(&what, &fast.0, &reference.0);
+    close(&format!("{what} grad logits"), &fast.2, &reference.2);
+}
+
 fn grouped_case(device: &Device, counts: &[usize]) {
     grouped_case_sized(device, counts, 12, 20);
 }
@@ -469,6 +492,9 @@ fn all_cases(device: &Device) {
     // Tokens over several tasks of 64; fine-grained experts.
     topk_case_sized(device, 150, 32, 6, true);
     topk_case_sized(device, 130, 64, 8, false);
+    for (t, e, k, renormalize) in [(11, 8, 1, false), (11, 8, 3, true), (150, 32, 6, true), (130, 64, 8, false)] {
+        topk_sigmoid_case(device, t, e, k, renormalize);
+    }
     grouped_case(device, &[3, 0, 5, 1]);
     grouped_case(device, &[0, 0, 9, 0]);
     grouped_case(device, &[2, 2, 2, 2, 2, 2, 2, 2]);

@@ -149,6 +149,18 @@ impl Router {
             }
             return Routing { logits_te, scores_te, topk_idx_tk, topk_w_tk };
         }
+        if matches!(self.scoring, Scoring::Sigmoid) && self.topk_groups >= self.num_groups {
+            // Sigmoid scores with an optional selection bias, no group limit (DeepSeek-V3 with one
+            // group): the fused gating kernel.
+            let scores_te = sigmoid(logits_te.clone());
+            let bias_e = if self.selection_bias { self.bias_e.clone() } else { self.bias_e.zeros_like() };
+            let (mut topk_w_tk, topk_idx_tk) =
+                kernels_cubecl::topk_sigmoid(logits_te.clone(), bias_e, k, self.norm_topk_prob && k > 1);
+            if self.routed_scaling != 1.0 {
+                topk_w_tk = topk_w_tk * self.routed_scaling;
+            }
+            return Routing { logits_te, scores_te, topk_idx_tk, topk_w_tk };
+        }
         let scores_te = match self.scoring {
             Scoring::Softmax => softmax(logits_te.clone(), 1),
             Scoring::Sigmoid => sigmoid(logits_te.clone()),

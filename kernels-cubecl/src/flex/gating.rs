@@ -3,6 +3,10 @@
 //! row softmax, full sort of every row, gather and sums as separate single-threaded tensor ops (1.7% of
 //! a Qwen3-style training step on the calling thread alone).
 //!
+//! Sigmoid top-k gating (DeepSeek-V3: sigmoid scores, a selection-only bias) the same way: one pass
+//! each way, where the generic definition ran a sigmoid, a bias add, a full sort of every row on the
+//! calling thread, a gather and the sums as separate tensor ops.
+//!
 //! Legend: t = tokens, e = experts, k = experts per token.
 
 use rayon::prelude::*;
@@ -102,6 +106,74 @@ pub(super) fn topk_softmax_backward(
             dl.iter_mut().for_each(|p| *p *= -gp);
             for ((&j, &gj), &pj) in idx.iter().zip(&g).zip(&picked) {
                 dl[j] += pj * gj;
+            }
+        }
+    });
+    dlogits_te
+}
+
+multiversion! {
+    /// `s = sigmoid(row)` into `s`, with the crate's vectorised `exp`.
+    fn sigmoid_row(row: &[f32], s: &mut [f32]) {
+        for (q, &x) in s.iter_mut().zip(row) {
+            *q = 1.0 / (1.0 + simd::exp(-x));
+        }
+    }
+}
+
+/// Forward of sigmoid top-k gating (DeepSeek-V3): `(w_tk, idx_tk)`, the `k` experts of each row with
+/// the largest `sigmoid(logit) + bias_e`, descending, weighted by their sigmoid scores (divided by
+/// `Σ + 1e-20` when `renormalize`).
+pub(super) fn topk_sigmoid(logits_te: &[f32], bias_e: &[f32], k: usize, renormalize: bool) -> (Vec<f32>, Vec<usize>) {
+    let e = bias_e.len();
+    let t = logits_te.len().checked_div(e).unwrap_or(0);
+    let (mut w_tk, mut idx_tk) = (vec![0f32; t * k], vec![0usize; t * k]);
+    let rows = TOKENS_PER_TASK * k.max(1);
+    w_tk.par_chunks_mut(rows).zip(idx_tk.par_chunks_mut(rows)).enumerate().for_each(|(c, (w_out, idx_out))| {
+        let (mut s, mut select) = (vec![0f32; e], vec![0f32; e]);
+        for (i, (w, idx)) in w_out.chunks_mut(k).zip(idx_out.chunks_mut(k)).enumerate() {
+            let tok = c * TOKENS_PER_TASK + i;
+            sigmoid_row(&logits_te[tok * e..(tok + 1) * e], &mut s);
+            select.iter_mut().zip(&s).zip(bias_e).for_each(|((x, &s), &b)| *x = s + b);
+            top_k(&select, idx);
+            for (wj, &ej) in w.iter_mut().zip(idx.iter()) {
+                *wj = s[ej];
+            }
+            if renormalize {
+                let sum = w.iter().sum::<f32>() + 1e-20;
+                w.iter_mut().for_each(|wj| *wj /= sum);
+            }
+        }
+    });
+    (w_tk, idx_tk)
+}
+
+/// Backward of [`topk_sigmoid`] from `dw_tk`: with `s` the picked scores and `D = Σ s + 1e-20`,
+/// `∂L/∂s = (dw − ⟨dw, s / D⟩) / D` when renormalised (else `dw`), times `s · (1 − s)`, at the picked
+/// experts; zero elsewhere.
+pub(super) fn topk_sigmoid_backward(
+    logits_te: &[f32],
+    idx_tk: &[usize],
+    dw_tk: &[f32],
+    (e, k): (usize, usize),
+    renormalize: bool,
+) -> Vec<f32> {
+    let mut dlogits_te = vec![0f32; logits_te.len()];
+    dlogits_te.par_chunks_mut((TOKENS_PER_TASK * e).max(1)).enumerate().for_each(|(c, out)| {
+        let mut s = vec![0f32; k];
+        for (i, dl) in out.chunks_mut(e.max(1)).enumerate() {
+            let tok = c * TOKENS_PER_TASK + i;
+            let (idx, dw) = (&idx_tk[tok * k..(tok + 1) * k], &dw_tk[tok * k..(tok + 1) * k]);
+            let logits = &logits_te[tok * e..(tok + 1) * e];
+            s.iter_mut().zip(idx).for_each(|(s, &j)| *s = 1.0 / (1.0 + simd::exp(-logits[j])));
+            let (d, dot) = if renormalize {
+                let d = s.iter().sum::<f32>() + 1e-20;
+                (d, dw.iter().zip(&s).map(|(g, s)| g * (s / d)).sum::<f32>())
+            } else {
+                (1.0, 0.0)
+            };
+            for ((&j, &g), &s) in idx.iter().zip(dw).zip(&s) {
+                dl[j] += (g - dot) / d * s * (1.0 - s);
             }
         }
     });

@@ -290,6 +290,40 @@ impl MoeBackend for Flex {
             gating::topk_softmax_backward(&f32s(&logits_te), &idx, &f32s(&w_tk), &f32s(&dw_tk), (e, k), renormalize);
         tensor(dl, logits_te.shape().dims::<2>())
     }
+
+    fn topk_sigmoid(
+        logits_te: FloatTensor<Self>,
+        bias_e: FloatTensor<Self>,
+        k: usize,
+        renormalize: bool,
+    ) -> (FloatTensor<Self>, IntTensor<Self>) {
+        let [t, e] = logits_te.shape().dims::<2>();
+        let fits = logits_te.dtype() == DType::F32 && bias_e.dtype() == DType::F32 && bias_e.shape().dims::<1>() == [e];
+        if !fits || k > e {
+            return generic::topk_sigmoid::<Self>(logits_te, bias_e, k, renormalize);
+        }
+        let _p = profile::op("router top-k", 0.0);
+        let (w, idx) = gating::topk_sigmoid(&f32s(&logits_te), &f32s(&bias_e), k, renormalize);
+        let int_dtype = get_or_init_device_settings::<Self>(&logits_te.device()).int_dtype;
+        (tensor(w, [t, k]), index_tensor(idx, [t, k], int_dtype))
+    }
+
+    fn topk_sigmoid_backward(
+        logits_te: FloatTensor<Self>,
+        idx_tk: IntTensor<Self>,
+        dw_tk: FloatTensor<Self>,
+        renormalize: bool,
+    ) -> FloatTensor<Self> {
+        let [_, e] = logits_te.shape().dims::<2>();
+        let k = dw_tk.shape()[1];
+        let f32_data = logits_te.dtype() == DType::F32 && dw_tk.dtype() == DType::F32;
+        let Some(idx) = f32_data.then(|| indices(&idx_tk)).flatten().filter(|idx| idx.iter().all(|&j| j < e)) else {
+            return generic::topk_sigmoid_backward::<Self>(logits_te, idx_tk, dw_tk, renormalize);
+        };
+        let _p = profile::op("router top-k", 0.0);
+        let dl = gating::topk_sigmoid_backward(&f32s(&logits_te), &idx, &f32s(&dw_tk), (e, k), renormalize);
+        tensor(dl, logits_te.shape().dims::<2>())
+    }
 }
 
 /// The generic backward of [`MoeBackend::swiglu`] (Burn ops), for dtypes the fused pass does not cover.
