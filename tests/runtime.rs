@@ -272,7 +272,11 @@ mod expert_parallel_block {
                     assert_eq!(load, vec![5, 5, 0, 0], "experts 2 and 3 get no tokens");
                 }
                 assert_close("outputs", &y_ep, &y_one, 1e-5);
-                assert_close("input gradients", &g_ep, &g_one, 1e-5);
+                // The whole block runs dispatch, experts and combine as one operation, which applies the
+                // combine weight after `dout·Wdᵀ` where the sharded path applies it before: the same sums
+                // rounded in another order, and these gradients pass near zero — so relative to the
+                // largest.
+                assert_close_scaled("input gradients", &g_ep, &g_one, 1e-5);
             }
         }
     }
