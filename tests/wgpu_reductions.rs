@@ -10,8 +10,12 @@ use piper::modules::runtime::reductions::check_token_reductions;
 fn the_probe_agrees_with_the_device() {
     let device = Device::wgpu(Default::default());
     for tokens in [4096usize, 70_000] {
-        let direct: Vec<f32> =
-            Tensor::<2>::ones([tokens, 3], &device).sum_dim(0).into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+        let direct: Vec<f32> = Tensor::<2>::ones([tokens, 3], &device)
+            .sum_dim(0)
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap();
         let right = direct.iter().all(|s| (*s - tokens as f32).abs() <= 0.5);
         let verdict = check_token_reductions(&device, tokens);
         assert_eq!(verdict.is_ok(), right, "{tokens} tokens: device summed {direct:?}, probe said {verdict:?}");

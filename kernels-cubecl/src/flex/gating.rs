@@ -51,25 +51,38 @@ fn top_k(p: &[f32], idx: &mut [usize]) {
 /// Forward: `(w_tk, idx_tk)`, the `k` largest softmax probabilities of each row of `logits_te` in
 /// descending order, divided by their sum when `renormalize`.
 pub(super) fn topk_softmax(logits_te: &[f32], e: usize, k: usize, renormalize: bool) -> (Vec<f32>, Vec<usize>) {
+    per_token(logits_te, e, k, |row, scratch, idx, w| {
+        let p = &mut scratch[..e];
+        softmax_row(row, p);
+        // Picked on the logits, which the softmax orders the same way: exactly, whatever `exp`
+        // rounds to (two logits a few ulps apart may share a probability).
+        top_k(row, idx);
+        for (wj, &ej) in w.iter_mut().zip(idx.iter()) {
+            *wj = p[ej];
+        }
+        if renormalize {
+            let sum: f32 = w.iter().sum();
+            w.iter_mut().for_each(|wj| *wj /= sum);
+        }
+    })
+}
+
+/// The gating forward's driver: `pick(row, scratch, idx, w)` fills each token's `k` picks and weights
+/// from its row of `e` logits (`scratch`: `2e` floats, reused), tokens in parallel tasks.
+fn per_token(
+    logits_te: &[f32],
+    e: usize,
+    k: usize,
+    pick: impl Fn(&[f32], &mut [f32], &mut [usize], &mut [f32]) + Sync,
+) -> (Vec<f32>, Vec<usize>) {
     let t = logits_te.len().checked_div(e).unwrap_or(0);
     let (mut w_tk, mut idx_tk) = (vec![0f32; t * k], vec![0usize; t * k]);
     let rows = TOKENS_PER_TASK * k.max(1);
     w_tk.par_chunks_mut(rows).zip(idx_tk.par_chunks_mut(rows)).enumerate().for_each(|(c, (w_out, idx_out))| {
-        let mut p = vec![0f32; e];
+        let mut scratch = vec![0f32; 2 * e];
         for (i, (w, idx)) in w_out.chunks_mut(k).zip(idx_out.chunks_mut(k)).enumerate() {
             let tok = c * TOKENS_PER_TASK + i;
-            let row = &logits_te[tok * e..(tok + 1) * e];
-            softmax_row(row, &mut p);
-            // Picked on the logits, which the softmax orders the same way: exactly, whatever `exp`
-            // rounds to (two logits a few ulps apart may share a probability).
-            top_k(row, idx);
-            for (wj, &ej) in w.iter_mut().zip(idx.iter()) {
-                *wj = p[ej];
-            }
-            if renormalize {
-                let sum: f32 = w.iter().sum();
-                w.iter_mut().for_each(|wj| *wj /= sum);
-            }
+            pick(&logits_te[tok * e..(tok + 1) * e], &mut scratch, idx, w);
         }
     });
     (w_tk, idx_tk)
@@ -126,26 +139,19 @@ multiversion! {
 /// `Σ + 1e-20` when `renormalize`).
 pub(super) fn topk_sigmoid(logits_te: &[f32], bias_e: &[f32], k: usize, renormalize: bool) -> (Vec<f32>, Vec<usize>) {
     let e = bias_e.len();
-    let t = logits_te.len().checked_div(e).unwrap_or(0);
-    let (mut w_tk, mut idx_tk) = (vec![0f32; t * k], vec![0usize; t * k]);
-    let rows = TOKENS_PER_TASK * k.max(1);
-    w_tk.par_chunks_mut(rows).zip(idx_tk.par_chunks_mut(rows)).enumerate().for_each(|(c, (w_out, idx_out))| {
-        let (mut s, mut select) = (vec![0f32; e], vec![0f32; e]);
-        for (i, (w, idx)) in w_out.chunks_mut(k).zip(idx_out.chunks_mut(k)).enumerate() {
-            let tok = c * TOKENS_PER_TASK + i;
-            sigmoid_row(&logits_te[tok * e..(tok + 1) * e], &mut s);
-            select.iter_mut().zip(&s).zip(bias_e).for_each(|((x, &s), &b)| *x = s + b);
-            top_k(&select, idx);
-            for (wj, &ej) in w.iter_mut().zip(idx.iter()) {
-                *wj = s[ej];
-            }
-            if renormalize {
-                let sum = w.iter().sum::<f32>() + 1e-20;
-                w.iter_mut().for_each(|wj| *wj /= sum);
-            }
+    per_token(logits_te, e, k, |row, scratch, idx, w| {
+        let (s, select) = scratch.split_at_mut(e);
+        sigmoid_row(row, s);
+        select.iter_mut().zip(&*s).zip(bias_e).for_each(|((x, &s), &b)| *x = s + b);
+        top_k(select, idx);
+        for (wj, &ej) in w.iter_mut().zip(idx.iter()) {
+            *wj = s[ej];
         }
-    });
-    (w_tk, idx_tk)
+        if renormalize {
+            let sum = w.iter().sum::<f32>() + 1e-20;
+            w.iter_mut().for_each(|wj| *wj /= sum);
+        }
+    })
 }
 
 /// Backward of [`topk_sigmoid`] from `dw_tk`: with `s` the picked scores and `D = Σ s + 1e-20`,
