@@ -99,27 +99,39 @@ pub(super) fn topk_softmax_backward(
     (e, k): (usize, usize),
     renormalize: bool,
 ) -> Vec<f32> {
-    let mut dlogits_te = vec![0f32; logits_te.len()];
+    per_token_backward(logits_te.len(), (e, k), |tok, dl, scratch| {
+        let (g, picked) = scratch.split_at_mut(k);
+        let (idx, w, dw) =
+            (&idx_tk[tok * k..(tok + 1) * k], &w_tk[tok * k..(tok + 1) * k], &dw_tk[tok * k..(tok + 1) * k]);
+        softmax_row(&logits_te[tok * e..(tok + 1) * e], dl);
+        g.copy_from_slice(dw);
+        if renormalize {
+            let mass: f32 = idx.iter().map(|&j| dl[j]).sum();
+            let dot: f32 = dw.iter().zip(w).map(|(a, b)| a * b).sum();
+            g.iter_mut().for_each(|gj| *gj = (*gj - dot) / mass);
+        }
+        let gp: f32 = g.iter().zip(idx).map(|(gj, &j)| gj * dl[j]).sum();
+        // dl holds p: every expert gets −p·⟨g, p⟩, the picked ones p·g on top.
+        picked.iter_mut().zip(idx).for_each(|(pj, &j)| *pj = dl[j]);
+        dl.iter_mut().for_each(|p| *p *= -gp);
+        for ((&j, &gj), &pj) in idx.iter().zip(&*g).zip(&*picked) {
+            dl[j] += pj * gj;
+        }
+    })
+}
+
+/// The gating backward's driver: `grad(tok, dl, scratch)` fills token `tok`'s row `dl` of `dlogits`
+/// (`e` floats, zeroed; `scratch`: `2k` floats, reused), tokens in parallel tasks.
+fn per_token_backward(
+    len: usize,
+    (e, k): (usize, usize),
+    grad: impl Fn(usize, &mut [f32], &mut [f32]) + Sync,
+) -> Vec<f32> {
+    let mut dlogits_te = vec![0f32; len];
     dlogits_te.par_chunks_mut((TOKENS_PER_TASK * e).max(1)).enumerate().for_each(|(c, out)| {
-        let (mut g, mut picked) = (vec![0f32; k], vec![0f32; k]);
+        let mut scratch = vec![0f32; 2 * k];
         for (i, dl) in out.chunks_mut(e.max(1)).enumerate() {
-            let tok = c * TOKENS_PER_TASK + i;
-            let (idx, w, dw) =
-                (&idx_tk[tok * k..(tok + 1) * k], &w_tk[tok * k..(tok + 1) * k], &dw_tk[tok * k..(tok + 1) * k]);
-            softmax_row(&logits_te[tok * e..(tok + 1) * e], dl);
-            g.copy_from_slice(dw);
-            if renormalize {
-                let mass: f32 = idx.iter().map(|&j| dl[j]).sum();
-                let dot: f32 = dw.iter().zip(w).map(|(a, b)| a * b).sum();
-                g.iter_mut().for_each(|gj| *gj = (*gj - dot) / mass);
-            }
-            let gp: f32 = g.iter().zip(idx).map(|(gj, &j)| gj * dl[j]).sum();
-            // dl holds p: every expert gets −p·⟨g, p⟩, the picked ones p·g on top.
-            picked.iter_mut().zip(idx).for_each(|(pj, &j)| *pj = dl[j]);
-            dl.iter_mut().for_each(|p| *p *= -gp);
-            for ((&j, &gj), &pj) in idx.iter().zip(&g).zip(&picked) {
-                dl[j] += pj * gj;
-            }
+            grad(c * TOKENS_PER_TASK + i, dl, &mut scratch);
         }
     });
     dlogits_te
@@ -164,26 +176,21 @@ pub(super) fn topk_sigmoid_backward(
     (e, k): (usize, usize),
     renormalize: bool,
 ) -> Vec<f32> {
-    let mut dlogits_te = vec![0f32; logits_te.len()];
-    dlogits_te.par_chunks_mut((TOKENS_PER_TASK * e).max(1)).enumerate().for_each(|(c, out)| {
-        let mut s = vec![0f32; k];
-        for (i, dl) in out.chunks_mut(e.max(1)).enumerate() {
-            let tok = c * TOKENS_PER_TASK + i;
-            let (idx, dw) = (&idx_tk[tok * k..(tok + 1) * k], &dw_tk[tok * k..(tok + 1) * k]);
-            let logits = &logits_te[tok * e..(tok + 1) * e];
-            s.iter_mut().zip(idx).for_each(|(s, &j)| *s = 1.0 / (1.0 + simd::exp(-logits[j])));
-            let (d, dot) = if renormalize {
-                let d = s.iter().sum::<f32>() + 1e-20;
-                (d, dw.iter().zip(&s).map(|(g, s)| g * (s / d)).sum::<f32>())
-            } else {
-                (1.0, 0.0)
-            };
-            for ((&j, &g), &s) in idx.iter().zip(dw).zip(&s) {
-                dl[j] += (g - dot) / d * s * (1.0 - s);
-            }
+    per_token_backward(logits_te.len(), (e, k), |tok, dl, scratch| {
+        let s = &mut scratch[..k];
+        let (idx, dw) = (&idx_tk[tok * k..(tok + 1) * k], &dw_tk[tok * k..(tok + 1) * k]);
+        let logits = &logits_te[tok * e..(tok + 1) * e];
+        s.iter_mut().zip(idx).for_each(|(s, &j)| *s = 1.0 / (1.0 + simd::exp(-logits[j])));
+        let (d, dot) = if renormalize {
+            let d = s.iter().sum::<f32>() + 1e-20;
+            (d, dw.iter().zip(&*s).map(|(g, s)| g * (s / d)).sum::<f32>())
+        } else {
+            (1.0, 0.0)
+        };
+        for ((&j, &g), &s) in idx.iter().zip(dw).zip(&*s) {
+            dl[j] += (g - dot) / d * s * (1.0 - s);
         }
-    });
-    dlogits_te
+    })
 }
 
 #[cfg(test)]
