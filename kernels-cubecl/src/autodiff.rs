@@ -3,6 +3,7 @@
 //!
 //! Legend: see [`crate::backend`].
 
+use burn::backend::Backend;
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -11,7 +12,6 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::{FloatTensor, IntTensor};
 
 use crate::backend::MoeBackend;
-use crate::grouped::{GroupedState, GroupedSwigluBackward};
 use crate::routed::{RoutedExpertsBackward, RoutedState};
 
 #[derive(Debug)]
@@ -245,5 +245,52 @@ impl<B: MoeBackend, C: CheckpointStrategy> MoeBackend for Autodiff<B, C> {
             OpsKind::UnTracked(prep) => prep.finish(w_tk),
         };
         (w, idx_tk)
+    }
+}
+
+/// What the backward needs.
+#[derive(Debug, Clone)]
+pub(crate) struct GroupedState<B: Backend> {
+    pub(crate) x_pd: FloatTensor<B>,
+    pub(crate) w_gate_edf: FloatTensor<B>,
+    pub(crate) w_up_edf: FloatTensor<B>,
+    pub(crate) w_down_efd: FloatTensor<B>,
+    pub(crate) g_pf: FloatTensor<B>,
+    pub(crate) u_pf: FloatTensor<B>,
+    pub(crate) counts_e: Vec<usize>,
+}
+
+#[derive(Debug)]
+pub(crate) struct GroupedSwigluBackward;
+
+impl<B: MoeBackend> Backward<B, 4> for GroupedSwigluBackward {
+    type State = GroupedState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_x, node_wg, node_wu, node_wd] = ops.parents;
+        let dy_pd = grads.consume::<B>(&ops.node);
+        let s = ops.state;
+        let (dx, dwg, dwu, dwd) = B::grouped_swiglu_backward(
+            dy_pd,
+            s.x_pd,
+            s.w_gate_edf,
+            s.w_up_edf,
+            s.w_down_efd,
+            s.g_pf,
+            s.u_pf,
+            s.counts_e,
+        );
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, dx);
+        }
+        if let Some(node) = node_wg {
+            grads.register::<B>(node.id, dwg);
+        }
+        if let Some(node) = node_wu {
+            grads.register::<B>(node.id, dwu);
+        }
+        if let Some(node) = node_wd {
+            grads.register::<B>(node.id, dwd);
+        }
     }
 }

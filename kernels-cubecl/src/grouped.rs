@@ -1,4 +1,6 @@
-//! Grouped SwiGLU experts as one backend-extension operation with a hand-written backward.
+//! Grouped SwiGLU experts composed of Burn's primitive ops: the generic forward and backward bodies of
+//! the backend-extension operation (its autodiff node, with the hand-written backward, is in
+//! [`crate::autodiff`]).
 //!
 //! Rows of `x_pd` are sorted by expert (`counts_e` rows each). Forward, per expert e with rows X:
 //! `G = X·Wg_e`, `U = X·Wu_e`, `H = silu(G) ⊙ U`, `Y = H·Wd_e`. Backward, from `dY`:
@@ -8,14 +10,9 @@
 //!
 //! Legend: p = rows, d = model width, f = expert width, e = experts.
 
-use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, TensorMetadata};
 use burn::tensor::{Shape, Slice};
-
-use crate::backend::MoeBackend;
 
 fn rows<B: Backend>(t: FloatTensor<B>, start: usize, n: usize) -> FloatTensor<B> {
     let cols = t.shape()[1];
@@ -79,53 +76,6 @@ pub(crate) fn grouped_forward<B: Backend>(
         );
     }
     (B::float_cat(ys, 0), B::float_cat(gs, 0), B::float_cat(us, 0))
-}
-
-/// What the backward needs.
-#[derive(Debug, Clone)]
-pub(crate) struct GroupedState<B: Backend> {
-    pub(crate) x_pd: FloatTensor<B>,
-    pub(crate) w_gate_edf: FloatTensor<B>,
-    pub(crate) w_up_edf: FloatTensor<B>,
-    pub(crate) w_down_efd: FloatTensor<B>,
-    pub(crate) g_pf: FloatTensor<B>,
-    pub(crate) u_pf: FloatTensor<B>,
-    pub(crate) counts_e: Vec<usize>,
-}
-
-#[derive(Debug)]
-pub(crate) struct GroupedSwigluBackward;
-
-impl<B: MoeBackend> Backward<B, 4> for GroupedSwigluBackward {
-    type State = GroupedState<B>;
-
-    fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
-        let [node_x, node_wg, node_wu, node_wd] = ops.parents;
-        let dy_pd = grads.consume::<B>(&ops.node);
-        let s = ops.state;
-        let (dx, dwg, dwu, dwd) = B::grouped_swiglu_backward(
-            dy_pd,
-            s.x_pd,
-            s.w_gate_edf,
-            s.w_up_edf,
-            s.w_down_efd,
-            s.g_pf,
-            s.u_pf,
-            s.counts_e,
-        );
-        if let Some(node) = node_x {
-            grads.register::<B>(node.id, dx);
-        }
-        if let Some(node) = node_wg {
-            grads.register::<B>(node.id, dwg);
-        }
-        if let Some(node) = node_wu {
-            grads.register::<B>(node.id, dwu);
-        }
-        if let Some(node) = node_wd {
-            grads.register::<B>(node.id, dwd);
-        }
-    }
 }
 
 /// Backward from `dy_pd`, per expert on slices: `(dx_pd, dw_gate_edf, dw_up_edf, dw_down_efd)`.

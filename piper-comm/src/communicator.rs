@@ -62,22 +62,20 @@ pub trait Communicator {
     fn check_usable(&self) -> Result<()>;
 
     /// Flat variable all-to-all of bytes: `send` holds the blocks for ranks 0.., `send_counts[i]` bytes
-    /// each; `recv_counts[i]` bytes come from rank i. Backends override it with a native call.
+    /// each; `recv_counts[i]` bytes come from rank i. A native call where the backend has one, else
+    /// [`pairwise_bytes`](crate::collectives::pairwise_bytes).
     fn all_to_all_v_bytes(
         &self,
         send: &[u8],
         send_counts: &[usize],
         recv_counts: &[usize],
         op: &str,
-    ) -> Result<Vec<u8>> {
-        crate::collectives::pairwise_bytes(self, send, send_counts, recv_counts, op)
-    }
+    ) -> Result<Vec<u8>>;
 
     /// Elementwise sum of `f32`s over the group, identical on every rank (ranks' contributions are added
-    /// in rank order). Backends may override it with a native all-reduce.
-    fn all_reduce_sum_f32(&self, data: &mut [f32], op: &str) -> Result<()> {
-        crate::collectives::all_reduce_sum_f32_by_gather(self, data, op)
-    }
+    /// in rank order). A native all-reduce where the backend has one, else
+    /// [`all_reduce_sum_f32_by_gather`](crate::collectives::all_reduce_sum_f32_by_gather).
+    fn all_reduce_sum_f32(&self, data: &mut [f32], op: &str) -> Result<()>;
 }
 
 impl<C: Communicator + ?Sized> Communicator for Box<C> {

@@ -9,7 +9,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::collectives::split_members;
+use crate::collectives::{all_reduce_sum_f32_by_gather, pairwise_bytes, split_members};
 use crate::communicator::{Communicator, MAX_USER_TAG, Pending, check_peer};
 use crate::error::{CommError, Result};
 
@@ -185,6 +185,20 @@ impl Communicator for LocalComm {
             channel.posted - 1
         };
         Ok(Box::new(LocalRecv { shared: self.shared.clone(), me_world, key, ticket, peer: src, len, data: None }))
+    }
+    /// Point-to-point messages to every peer (threads have no native all-to-all).
+    fn all_to_all_v_bytes(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        recv_counts: &[usize],
+        op: &str,
+    ) -> Result<Vec<u8>> {
+        pairwise_bytes(self, send, send_counts, recv_counts, op)
+    }
+    /// Gathers every rank's values and adds them in rank order.
+    fn all_reduce_sum_f32(&self, data: &mut [f32], op: &str) -> Result<()> {
+        all_reduce_sum_f32_by_gather(self, data, op)
     }
     fn split(&self, color: u64, key: u64, name: &str) -> Result<Box<dyn Communicator>> {
         let members = split_members(self, color, key, name)?;

@@ -4,6 +4,7 @@ pub mod counts;
 pub mod hf;
 pub mod presets;
 pub mod spec;
+mod validate;
 
 pub use counts::{
     FlopsBreakdown, LayerParams, ParamBreakdown, active_params, param_breakdown, training_flops_per_token,

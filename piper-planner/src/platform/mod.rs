@@ -1,12 +1,14 @@
 //! Platforms: TOML specs, presets, and efficiency interpolation.
 
+pub mod calibration;
 pub mod efficiency;
 pub mod runtime;
 pub mod spec;
 
 use std::path::{Path, PathBuf};
 
-pub use runtime::{MemoryFit, MemoryPoint, RuntimeCosts, fit_memory, with_runtime};
+pub use calibration::{MemoryFit, MemoryPoint, fit_memory, with_runtime};
+pub use runtime::RuntimeCosts;
 pub use spec::{GIB, GemmTable, Level, Link, Platform, Topology};
 
 use crate::error::{Error, Result};
