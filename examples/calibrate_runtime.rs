@@ -85,7 +85,7 @@ fn mean_tables(all: &[Measured], files: &[PathBuf]) -> Result<(Vec<GemmTable>, V
     Ok((gemm, attention))
 }
 
-fn run(a: Args) -> Result<(), String> {
+fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     match a.command {
         Command::Measure { platform: input, json } => {
             piper::modules::runtime::threads::share_cores()?;

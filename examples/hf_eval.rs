@@ -23,7 +23,7 @@ struct Args {
     json: Option<PathBuf>,
 }
 
-fn run(a: Args) -> Result<(), String> {
+fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let text =
         std::fs::read_to_string(&a.input_ids).map_err(|e| format!("--input-ids {}: {e}", a.input_ids.display()))?;
     let ids: Vec<Vec<i64>> = serde_json::from_str(&text)

@@ -13,10 +13,10 @@
 use clap::{Parser, ValueEnum};
 use piper::comm::Topology;
 use piper::comm::launch::init_world;
-use piper::models::lm_config;
+use piper::modules::CausalLmConfig;
 use piper::modules::runtime::cli::{ResolvedRun, RunArgs};
 use piper::modules::runtime::report::describe_run;
-use piper::modules::runtime::{self, Job, Reporter, RunSummary};
+use piper::modules::runtime::{self, Job, Reporter};
 use piper::planner::model::training_flops_per_token;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -57,13 +57,13 @@ fn device(backend: Backend) -> Result<burn::tensor::Device, String> {
     }
 }
 
-fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), String> {
+fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), Box<dyn std::error::Error>> {
     let ResolvedRun { spec, platform, config, plan, checkpoint, resume, init_hf } = a.run.resolve(world.size())?;
-    let mut model = lm_config(&spec).map_err(|e| e.to_string())?;
+    let mut model = CausalLmConfig::from_spec(&spec)?;
     model.zero_router = a.run.zero_router;
     let mut corpus = a.run.corpus(model.vocab_size)?;
     let device = device(a.backend)?;
-    let topo = Topology::detect(world).map_err(|e| e.to_string())?;
+    let topo = Topology::detect(world)?;
     let peak_flops = a.run.peak_tflops.map_or_else(|| runtime::measure_peak_flops(&device), |t| t * 1e12);
     let flops_per_token = training_flops_per_token(&spec, config.seq_len as u64).total();
     let (spec, run, plan, topo, device) = (&spec, &config, &plan, &topo, &device);
@@ -104,7 +104,7 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), String> {
     if let (Some(s), 0) = (trained.resume_seconds, world.rank()) {
         println!("resumed in {s:.2} s (rank 0's part of the checkpoint)");
     }
-    let summary = RunSummary::new(plan, &trained, flops_per_token);
+    let summary = trained.summary(plan, flops_per_token);
     if world.rank() == 0 {
         summary.plan_vs_measured().iter().for_each(|l| println!("{l}"));
         let best = corpus.best_loss();

@@ -11,7 +11,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use clap::{Parser, ValueEnum};
 use piper::modules::moe::MoeBlockConfig;
-use piper::modules::router::RouterConfig;
+use piper::modules::moe::router::RouterConfig;
 use piper::modules::runtime::profile;
 
 /// mimalloc, never purging freed pages (see `piper::alloc`).

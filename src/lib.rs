@@ -12,4 +12,3 @@ pub use piper_comm as comm;
 pub use piper_models as models;
 pub use piper_planner as planner;
 pub mod alloc;
-pub mod testing;

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{example, losses};
-use piper::testing::assert_close;
+use piper_test_support::assert_close;
 
 const COMMON: &[&str] = &[
     // The peak is given: timing 1024³ GEMMs in a debug build takes minutes on lavapipe.

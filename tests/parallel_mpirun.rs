@@ -14,7 +14,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{COMMON, binary, example, losses, run};
-use piper::testing::assert_close;
+use piper_test_support::assert_close;
 
 /// `mpirun -np np mixtral_train COMMON args` with `env` exported to the ranks.
 fn mpirun(np: usize, env: &[(&str, &str)], args: &[&str]) -> Command {

@@ -1,7 +1,8 @@
 //! `mixtral_train`'s command line on one process, run as a user would: `--plan auto` picks a layout and
 //! reports its prediction error; every class of bad run configuration (checkpoint flags included) gets
 //! one `error:` line naming the flag, exit code 2, and no work; layouts that need more ranks than the job
-//! has are refused; a save killed midway leaves the previous checkpoint.
+//! has are refused; a save killed midway leaves the previous checkpoint; a DeepSeek-V3 folder with an MTP
+//! module trains only with `--mtp-loss-weight 0`.
 
 mod common;
 
@@ -9,6 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{COMMON, example, run};
+use piper_test_support::hf_folder::{V5, hf_folder};
 
 #[test]
 fn plan_auto_picks_a_layout_and_reports_its_prediction_error() {
@@ -185,4 +187,32 @@ fn a_save_killed_midway_leaves_the_previous_checkpoint() {
     let after = (std::fs::read(dir.join("killed.jsonl")).unwrap(), std::fs::read_dir(dir.join("ck")).unwrap().count());
     assert_eq!(before, after, "a refused resume changes nothing");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// transformers 5 writes `num_nextn_predict_layers: 1` into every DeepSeek-V3 config. `mixtral_train
+/// --init-hf` refuses it naming the field and the flag, and trains without the MTP module with
+/// `--mtp-loss-weight 0`; a weight for a model without MTP is refused too.
+#[test]
+fn deepseek_v3_with_mtp_trains_only_with_an_explicit_zero_weight() {
+    let dir = hf_folder(V5, "deepseek_v3", false, "mtp", 1.0);
+    let d = dir.to_str().unwrap();
+    let train = |extra: &[&str]| {
+        let mut cmd = Command::new(example());
+        cmd.args(["--init-hf", d, "--steps", "2", "--batch-size", "2", "--seq-len", "11", "--no-progress"]).args(extra);
+        run(cmd, Duration::from_secs(120))
+    };
+    let (ok, out) = train(&[]);
+    assert!(!ok && out.contains("`num_nextn_predict_layers`") && out.contains("--mtp-loss-weight 0"), "{out}");
+    assert_eq!(out.lines().filter(|l| l.starts_with("error")).count(), 1, "{out}");
+    let (ok, out) = train(&["--mtp-loss-weight", "0.3"]);
+    assert!(!ok && out.contains("`num_nextn_predict_layers`"), "{out}");
+    let (ok, out) = train(&["--mtp-loss-weight", "0"]);
+    assert!(ok, "{out}");
+    let mixtral = hf_folder(V5, "mixtral", false, "mtp", 1.0);
+    let mut cmd = Command::new(example());
+    cmd.args(["--init-hf", mixtral.to_str().unwrap(), "--steps", "1", "--mtp-loss-weight", "0.1", "--no-progress"]);
+    let (ok, out) = run(cmd, Duration::from_secs(60));
+    assert!(!ok && out.contains("--mtp-loss-weight") && out.contains("no multi-token-prediction module"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&mixtral).unwrap();
 }

@@ -15,8 +15,8 @@ use burn::prelude::*;
 use piper_planner::platform::{GemmTable, RuntimeCosts};
 use serde::{Deserialize, Serialize};
 
-use crate::fused_layers::rms_norm;
-use crate::rope::RotaryEmbeddingConfig;
+use crate::layers::fused::rms_norm;
+use crate::layers::rope::RotaryEmbeddingConfig;
 use crate::runtime::optim::{AdamW, AdamWSettings};
 
 /// Elements of the tensors each measurement runs on (1 Mi: large enough that the per-op cost is noise).

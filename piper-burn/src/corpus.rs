@@ -30,6 +30,22 @@ impl Rng {
     }
 }
 
+/// Data that cannot be read, or a saved position that belongs to other data.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DataError {
+    /// A data flag that cannot work: the flag, then why and what would.
+    #[error("{flag} {why}")]
+    Flag { flag: &'static str, why: String },
+    #[error("the data position is not an object")]
+    NotAnObject,
+    #[error("the checkpoint was trained on `{saved}`, this run reads `{reads}`: pass the same data flags")]
+    OtherData { saved: String, reads: String },
+    #[error("the data position has no generator state")]
+    NoGeneratorState,
+    #[error("the data position's grammar state does not fit this grammar")]
+    GrammarState,
+}
+
 /// Where training batches come from.
 pub trait Corpus {
     /// Token ids of `batch` sequences of `seq_len` tokens, row-major.
@@ -42,22 +58,20 @@ pub trait Corpus {
     /// Where the stream stands (its generator state and what it draws from), for a checkpoint.
     fn position(&self) -> serde_json::Value;
     /// Continues the stream from a [`Corpus::position`] of the same data; the error says what differs.
-    fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), String>;
+    fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), DataError>;
 }
 
 /// Reads `{"describe": …, "rng": …, extra…}` back: the data must be the one described.
 fn check_position<'a>(
     position: &'a serde_json::Value,
     describe: &str,
-) -> Result<(&'a serde_json::Map<String, serde_json::Value>, u64), String> {
-    let obj = position.as_object().ok_or("the data position is not an object")?;
+) -> Result<(&'a serde_json::Map<String, serde_json::Value>, u64), DataError> {
+    let obj = position.as_object().ok_or(DataError::NotAnObject)?;
     let saved = obj.get("describe").and_then(|d| d.as_str()).unwrap_or("?");
     if saved != describe {
-        return Err(format!(
-            "the checkpoint was trained on `{saved}`, this run reads `{describe}`: pass the same data flags"
-        ));
+        return Err(DataError::OtherData { saved: saved.into(), reads: describe.into() });
     }
-    let rng = obj.get("rng").and_then(|r| r.as_u64()).ok_or("the data position has no generator state")?;
+    let rng = obj.get("rng").and_then(|r| r.as_u64()).ok_or(DataError::NoGeneratorState)?;
     Ok((obj, rng))
 }
 
@@ -70,17 +84,21 @@ pub fn open(
     branching: usize,
     seed: u64,
     vocab_size: usize,
-) -> Result<Box<dyn Corpus>, String> {
+) -> Result<Box<dyn Corpus>, DataError> {
     if let Some(path) = data {
         return Ok(Box::new(TextBytes::from_file(path, seed)?));
     }
     if !(2..=vocab_size).contains(&alphabet) {
-        return Err(format!(
-            "--grammar-alphabet is {alphabet}; it must be in 2..={vocab_size} (the model's vocabulary)"
-        ));
+        return Err(DataError::Flag {
+            flag: "--grammar-alphabet",
+            why: format!("is {alphabet}; it must be in 2..={vocab_size} (the model's vocabulary)"),
+        });
     }
     if !(1..=alphabet).contains(&branching) {
-        return Err(format!("--grammar-branching is {branching}; it must be in 1..={alphabet} (the alphabet)"));
+        return Err(DataError::Flag {
+            flag: "--grammar-branching",
+            why: format!("is {branching}; it must be in 1..={alphabet} (the alphabet)"),
+        });
     }
     Ok(Box::new(Grammar::new(alphabet, branching, seed)))
 }
@@ -188,7 +206,7 @@ impl Corpus for Grammar {
     fn position(&self) -> serde_json::Value {
         serde_json::json!({"describe": self.describe(), "rng": self.rng.0, "chain": [self.state.0, self.state.1]})
     }
-    fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), String> {
+    fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), DataError> {
         let (obj, rng) = check_position(position, &self.describe())?;
         let chain: Vec<usize> = obj
             .get("chain")
@@ -197,7 +215,7 @@ impl Corpus for Grammar {
             .unwrap_or_default();
         match chain[..] {
             [a, b] if a < self.alphabet && b < self.alphabet => self.state = (a, b),
-            _ => return Err("the data position's grammar state does not fit this grammar".into()),
+            _ => return Err(DataError::GrammarState),
         }
         self.rng.0 = rng;
         Ok(())
@@ -213,11 +231,11 @@ pub struct TextBytes {
 }
 
 impl TextBytes {
-    pub fn from_file(path: &std::path::Path, seed: u64) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("--data {}: {e} (a UTF-8 text file is expected)", path.display()))?;
+    pub fn from_file(path: &std::path::Path, seed: u64) -> Result<Self, DataError> {
+        let refuse = |why: String| DataError::Flag { flag: "--data", why: format!("{}: {why}", path.display()) };
+        let text = std::fs::read_to_string(path).map_err(|e| refuse(format!("{e} (a UTF-8 text file is expected)")))?;
         if text.len() < 2 {
-            return Err(format!("--data {}: needs at least 2 bytes of text", path.display()));
+            return Err(refuse("needs at least 2 bytes of text".into()));
         }
         Ok(TextBytes { bytes: text.into_bytes(), rng: Rng::new(seed), name: path.display().to_string() })
     }
@@ -245,7 +263,7 @@ impl Corpus for TextBytes {
     fn position(&self) -> serde_json::Value {
         serde_json::json!({"describe": self.describe(), "rng": self.rng.0})
     }
-    fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), String> {
+    fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), DataError> {
         self.rng.0 = check_position(position, &self.describe())?.1;
         Ok(())
     }
@@ -288,7 +306,7 @@ mod tests {
         let want = a.batch(2, 10);
         b.restore_position(&saved).unwrap();
         assert_eq!(b.batch(2, 10), want);
-        assert!(Grammar::new(9, 3, 5).restore_position(&saved).unwrap_err().contains("trained on"));
+        assert!(Grammar::new(9, 3, 5).restore_position(&saved).unwrap_err().to_string().contains("trained on"));
     }
 
     #[test]

@@ -1,30 +1,27 @@
 //! # piper-burn
 //!
-//! MoE transformer building blocks on Burn 0.22: rotary embedding, grouped-query causal attention, the
-//! top-k router (softmax or sigmoid + selection bias, group-limited, routed scaling) with its losses,
-//! dropless padding-free dispatch, grouped SwiGLU experts, shared experts, the MoE block, decoder layer
-//! and causal LM. The heavy element-wise and gather/scatter work goes through `kernels-cubecl`.
+//! MoE transformers on Burn 0.22, and the runtime that trains them under a plan:
+//! - [`layers`]: the dense building blocks — rotary embedding, grouped-query attention, DeepSeek's MLA,
+//!   the gated MLP, Burn's `Linear`/`RmsNorm` through the fused operations, initialisation;
+//! - [`moe`]: the MoE pieces — router and its losses, the local permute, grouped experts, the token
+//!   dispatcher that reaches experts on other ranks, and the block that joins them;
+//! - [`model`]: the decoder layer and the causal LM, built from a planner `ModelSpec`;
+//! - [`hf`]: Hugging Face weights — the one state-dict adapter that import, export and checkpoints share;
+//! - [`corpus`]: training data (a grammar with a known entropy rate, or text);
+//! - [`runtime`]: the executor of the planner's instruction stream (PP × EP × DP), checkpoints,
+//!   expert migration, reports.
+//!
+//! The heavy element-wise and gather/scatter work goes through `kernels-cubecl`.
 
-pub mod attention;
 pub mod calibrate;
 pub mod corpus;
-pub mod decoder;
-pub mod dispatch;
-pub mod dispatcher;
-pub mod experts;
-pub mod fused_layers;
-pub mod init;
-pub mod lm;
-pub mod losses;
-pub mod mla;
-pub mod mlp;
+pub mod hf;
+pub mod layers;
+pub mod model;
 pub mod moe;
-pub mod rope;
-pub mod router;
 pub mod runtime;
-pub mod state_dict;
 
-pub use lm::{CausalLm, CausalLmConfig, LmLoss, LmOutput};
+pub use model::{CausalLm, CausalLmConfig, LmLoss, LmOutput, Unsupported};
 pub use moe::{MoeBlock, MoeBlockConfig, MoeStats};
 
 /// Held while seeding and drawing a model's initial weights: the backend's seed may be global, so ranks

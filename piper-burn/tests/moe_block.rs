@@ -4,9 +4,9 @@
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::silu;
-use piper_burn::experts::GroupedExpertsConfig;
+use piper_burn::moe::experts::GroupedExpertsConfig;
+use piper_burn::moe::router::{RouterConfig, Scoring};
 use piper_burn::moe::{MoeBlock, MoeBlockConfig};
-use piper_burn::router::{RouterConfig, Scoring};
 
 fn vec2(t: &Tensor<2>) -> Vec<f32> {
     t.to_data().convert::<f32>().try_to_vec().unwrap()

@@ -10,7 +10,7 @@ pub mod atomic;
 pub mod checkpoint;
 pub mod comm;
 pub mod error;
-pub mod hf_files;
+pub mod hf;
 pub mod layout;
 pub mod limits;
 pub mod memory;

@@ -12,6 +12,7 @@ use piper_planner::run_plan::RunPlan;
 
 use super::checkpoint::{CheckpointSettings, Resume, open_resume};
 use super::config::{AuxLossScope, RunConfig};
+use super::error::{Result, RuntimeError};
 use super::plan::{LayoutFlags, check_plan, plan_auto, plan_from_flags};
 use super::report::ReportOptions;
 
@@ -156,19 +157,22 @@ impl RunArgs {
     /// Resolves the flags for a job of `ranks` ranks. A plan file fills in the model, batch and sequence
     /// length the flags leave out, and must agree with those given. One line, naming the flag, for the
     /// first thing that cannot work — before any model is built.
-    pub fn resolve(&self, ranks: usize) -> Result<ResolvedRun, String> {
+    pub fn resolve(&self, ranks: usize) -> Result<ResolvedRun> {
         let file = match self.plan.as_deref() {
             Some("auto") | None => None,
-            Some(path) => Some(RunPlan::load(path.as_ref()).map_err(|e| format!("--plan {e}"))?),
+            Some(path) => Some(RunPlan::load(path.as_ref()).map_err(|e| RuntimeError::from(e).under("--plan"))?),
         };
         let init_model = match (&self.init_hf, &self.preset) {
             (Some(_), Some(p)) => {
-                return Err(format!("--init-hf takes the model from its folder's config.json; drop --preset {p}"));
+                return Err(RuntimeError::invalid(
+                    "--init-hf",
+                    format!("takes the model from its folder's config.json; drop --preset {p}"),
+                ));
             }
             (Some(dir), None) => {
                 let config = dir.join("config.json");
                 if !config.is_file() {
-                    return Err(format!("--init-hf {}: no config.json in it", dir.display()));
+                    return Err(RuntimeError::invalid("--init-hf", format!("{}: no config.json in it", dir.display())));
                 }
                 Some(config.display().to_string())
             }
@@ -178,8 +182,7 @@ impl RunArgs {
             .or_else(|| self.preset.clone())
             .or_else(|| file.as_ref().map(|p| p.model.clone()))
             .unwrap_or_else(|| "tiny".into());
-        let spec =
-            resolve_model(&preset).and_then(|s| s.for_training(self.mtp_loss_weight)).map_err(|e| e.to_string())?;
+        let spec = resolve_model(&preset).and_then(|s| s.for_training(self.mtp_loss_weight))?;
         let config = RunConfig::new()
             .with_steps(self.steps)
             .with_global_batch(self.batch_size.or(file.as_ref().map(|p| p.global_batch as usize)).unwrap_or(16))
@@ -206,9 +209,9 @@ impl RunArgs {
         config.validate()?;
         if let Some(t) = self.peak_tflops {
             // 1 MFLOP/s to an exaFLOP/s per rank: beyond that it is a typo, and the MFU would be noise.
-            piper_planner::limits::number("run", "--peak-tflops", t, 1e-6, 1e6).map_err(|e| e.to_string())?;
+            piper_planner::limits::number("run", "--peak-tflops", t, 1e-6, 1e6)?;
         }
-        let platform = piper_planner::platform::resolve_platform(&self.platform).map_err(|e| e.to_string())?;
+        let platform = piper_planner::platform::resolve_platform(&self.platform)?;
         let plan = match (file, self.plan.as_deref()) {
             (Some(p), _) => p,
             (None, Some(_)) => plan_auto(&spec, &platform, &config, ranks)?,
@@ -218,8 +221,8 @@ impl RunArgs {
                     layout: Layout { pp: self.pp, ep: self.ep, dp: self.dp },
                     micro_batches: self.micro_batches,
                     schedule: if self.schedule == "gpipe" { Schedule::GPipe } else { Schedule::OneFOneB },
-                    split: split.transpose().map_err(|e| e.to_string())?,
-                    all_to_all: A2aAlgo::parse(&self.all_to_all, "--all-to-all").map_err(|e| e.to_string())?,
+                    split: split.transpose()?,
+                    all_to_all: A2aAlgo::parse(&self.all_to_all, "--all-to-all")?,
                 };
                 plan_from_flags(&spec, &platform, &config, &flags, ranks)?
             }
@@ -247,14 +250,22 @@ impl RunArgs {
     }
 
     /// The training data (the text file, or the grammar), checked against the model's vocabulary.
-    pub fn corpus(&self, vocab_size: usize) -> Result<Box<dyn crate::corpus::Corpus>, String> {
+    pub fn corpus(
+        &self,
+        vocab_size: usize,
+    ) -> std::result::Result<Box<dyn crate::corpus::Corpus>, crate::corpus::DataError> {
         crate::corpus::open(self.data.as_deref(), self.grammar_alphabet, self.grammar_branching, self.seed, vocab_size)
     }
 }
 
 /// `K:FACTOR` of `--hot-experts`.
-fn parse_hot_experts(text: &str) -> Result<(usize, f64), String> {
-    let bad = || format!("--hot-experts `{text}` must be K:FACTOR, e.g. 2:4 (experts 0..K−1 draw FACTOR× their share)");
+fn parse_hot_experts(text: &str) -> Result<(usize, f64)> {
+    let bad = || {
+        RuntimeError::invalid(
+            "--hot-experts",
+            format!("`{text}` must be K:FACTOR, e.g. 2:4 (experts 0..K−1 draw FACTOR× their share)"),
+        )
+    };
     let (k, f) = text.split_once(':').ok_or_else(bad)?;
     let k: usize = k.trim().parse().map_err(|_| bad())?;
     let f: f64 = f.trim().parse().map_err(|_| bad())?;

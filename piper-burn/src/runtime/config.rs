@@ -7,6 +7,8 @@ use burn::prelude::*;
 use piper_planner::limits::show;
 use serde::{Deserialize, Serialize};
 
+use super::error::{self, RuntimeError};
+
 /// Where the load-balancing loss takes its token counts from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -76,30 +78,34 @@ pub const MAX_STEPS: usize = 100_000_000;
 pub const MAX_SEQ_LEN: usize = 1 << 20;
 pub const MAX_GLOBAL_BATCH: usize = 1 << 24;
 
-fn finite_at_least(flag: &str, v: f64, min: f64, what: &str) -> Result<(), String> {
-    if v.is_finite() && v >= min { Ok(()) } else { Err(format!("{flag} is {}; it must be {what}", show(v))) }
+fn finite_at_least(flag: &str, v: f64, min: f64, what: &str) -> error::Result<()> {
+    if v.is_finite() && v >= min { Ok(()) } else { Err(refuse(flag, format!("is {}; it must be {what}", show(v)))) }
+}
+
+fn refuse(flag: &str, why: String) -> RuntimeError {
+    RuntimeError::invalid(flag, why)
 }
 
 impl RunConfig {
     /// Checks every field; the error names the flag and what it must be.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> error::Result<()> {
         if !(1..=MAX_STEPS).contains(&self.steps) {
-            return Err(format!("--steps is {}; it must be in 1..={MAX_STEPS}", self.steps));
+            return Err(refuse("--steps", format!("is {}; it must be in 1..={MAX_STEPS}", self.steps)));
         }
         if !(1..=MAX_GLOBAL_BATCH).contains(&self.global_batch) {
-            return Err(format!(
-                "--batch-size is {}; it must be in 1..={MAX_GLOBAL_BATCH} sequences",
-                self.global_batch
+            return Err(refuse(
+                "--batch-size",
+                format!("is {}; it must be in 1..={MAX_GLOBAL_BATCH} sequences", self.global_batch),
             ));
         }
         if !(2..=MAX_SEQ_LEN).contains(&self.seq_len) {
-            return Err(format!("--seq-len is {}; it must be in 2..={MAX_SEQ_LEN} tokens", self.seq_len));
+            return Err(refuse("--seq-len", format!("is {}; it must be in 2..={MAX_SEQ_LEN} tokens", self.seq_len)));
         }
         if !(self.lr.is_finite() && self.lr > 0.0 && self.lr <= 10.0) {
-            return Err(format!("--lr is {}; it must be a finite number in (0, 10]", show(self.lr)));
+            return Err(refuse("--lr", format!("is {}; it must be a finite number in (0, 10]", show(self.lr))));
         }
         if !(self.min_lr_ratio.is_finite() && (0.0..=1.0).contains(&self.min_lr_ratio)) {
-            return Err(format!("--min-lr-ratio is {}; it must be in [0, 1]", self.min_lr_ratio));
+            return Err(refuse("--min-lr-ratio", format!("is {}; it must be in [0, 1]", self.min_lr_ratio)));
         }
         finite_at_least("--weight-decay", self.weight_decay, 0.0, "a finite number ≥ 0")?;
         finite_at_least("--grad-clip", self.grad_clip, 0.0, "a finite norm ≥ 0 (0: no clipping)")?;
@@ -111,10 +117,13 @@ impl RunConfig {
         if let Some(n) = self.migration_every
             && !(1..=MAX_STEPS).contains(&n)
         {
-            return Err(format!("--migration-every is {n}; it must be in 1..={MAX_STEPS} steps"));
+            return Err(refuse("--migration-every", format!("is {n}; it must be in 1..={MAX_STEPS} steps")));
         }
         if !(self.hot_factor.is_finite() && (1.0..=1e6).contains(&self.hot_factor)) {
-            return Err(format!("--hot-experts factor is {}; it must be in [1, 1e6]", show(self.hot_factor)));
+            return Err(refuse(
+                "--hot-experts factor",
+                format!("is {}; it must be in [1, 1e6]", show(self.hot_factor)),
+            ));
         }
         Ok(())
     }
@@ -173,7 +182,7 @@ mod tests {
             (RunConfig::new().with_hot_factor(f64::INFINITY), "--hot-experts factor is inf"),
         ];
         for (c, want) in cases {
-            let err = c.validate().unwrap_err();
+            let err = c.validate().unwrap_err().to_string();
             assert!(err.starts_with(want), "want `{want}`: {err}");
         }
     }

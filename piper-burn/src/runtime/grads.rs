@@ -8,7 +8,8 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use piper_comm::Communicator;
 
-use crate::lm::CausalLm;
+use super::error::{Result, RuntimeError, host_f32};
+use crate::model::causal_lm::CausalLm;
 
 /// Parameter ids and ranks of every float parameter.
 pub struct Collect(pub Vec<(ParamId, usize)>);
@@ -38,12 +39,12 @@ macro_rules! by_rank {
             1 => $f::<1>($($arg),*),
             2 => $f::<2>($($arg),*),
             3 => $f::<3>($($arg),*),
-            d => Err(format!("unexpected {d}-D parameter")),
+            _ => Err(RuntimeError::Internal("a parameter of more than 3 dimensions")),
         }
     };
 }
 
-fn add<const D: usize>(acc: &mut GradientsParams, new: &mut GradientsParams, id: ParamId) -> Result<(), String> {
+fn add<const D: usize>(acc: &mut GradientsParams, new: &mut GradientsParams, id: ParamId) -> Result<()> {
     if let Some(g) = new.remove::<D>(id) {
         let sum = match acc.remove::<D>(id) {
             Some(prev) => prev + g,
@@ -59,7 +60,7 @@ pub fn accumulate(
     acc: &mut Option<GradientsParams>,
     mut new: GradientsParams,
     params: &[(ParamId, usize, bool)],
-) -> Result<(), String> {
+) -> Result<()> {
     let Some(a) = acc.as_mut() else {
         *acc = Some(new);
         return Ok(());
@@ -70,12 +71,12 @@ pub fn accumulate(
     Ok(())
 }
 
-fn reduce<const D: usize>(grads: &mut GradientsParams, id: ParamId, comm: &dyn Communicator) -> Result<(), String> {
+fn reduce<const D: usize>(grads: &mut GradientsParams, id: ParamId, comm: &dyn Communicator) -> Result<()> {
     let Some(g) = grads.remove::<D>(id) else { return Ok(()) };
     let device = g.device();
     let shape = g.shape();
-    let mut v: Vec<f32> = g.into_data().convert::<f32>().try_into_vec::<f32>().map_err(|e| format!("{e:?}"))?;
-    comm.all_reduce_sum_f32(&mut v, "gradient all-reduce").map_err(|e| e.to_string())?;
+    let mut v = host_f32(g, "a gradient")?;
+    comm.all_reduce_sum_f32(&mut v, "gradient all-reduce")?;
     grads.register::<D>(id, Tensor::<D>::from_data(TensorData::new(v, shape), &device));
     Ok(())
 }
@@ -87,7 +88,7 @@ pub fn reduce_gradients(
     params: &[(ParamId, usize, bool)],
     dense: &dyn Communicator,
     expert: &dyn Communicator,
-) -> Result<(), String> {
+) -> Result<()> {
     for &(id, dims, is_expert) in params {
         let comm = if is_expert { expert } else { dense };
         if comm.size() > 1 {
@@ -97,10 +98,9 @@ pub fn reduce_gradients(
     Ok(())
 }
 
-fn square_sum<const D: usize>(grads: &GradientsParams, id: ParamId, out: &mut f64) -> Result<(), String> {
+fn square_sum<const D: usize>(grads: &GradientsParams, id: ParamId, out: &mut f64) -> Result<()> {
     if let Some(g) = grads.get::<D>(id) {
-        let v: Vec<f32> =
-            kernels_cubecl::square_sum(g).into_data().convert::<f32>().try_into_vec().map_err(|e| format!("{e:?}"))?;
+        let v = host_f32(kernels_cubecl::square_sum(g), "a gradient's sum of squares")?;
         *out += v[0] as f64;
     }
     Ok(())
@@ -118,16 +118,16 @@ pub fn clip_global_norm(
     world: &dyn Communicator,
     dense_copies: usize,
     expert_copies: usize,
-) -> Result<(f64, f64), String> {
+) -> Result<(f64, f64)> {
     let (mut dense, mut expert) = (0.0f64, 0.0f64);
     for &(id, dims, is_expert) in params {
         by_rank!(dims, square_sum, grads, id, if is_expert { &mut expert } else { &mut dense })?;
     }
     let mut sq = [(dense / dense_copies as f64 + expert / expert_copies as f64) as f32];
-    world.all_reduce_sum_f32(&mut sq, "gradient norm all-reduce").map_err(|e| e.to_string())?;
+    world.all_reduce_sum_f32(&mut sq, "gradient norm all-reduce")?;
     let norm = (sq[0] as f64).sqrt();
     if !norm.is_finite() {
-        return Err(format!("the gradient norm is {norm}; lower --lr"));
+        return Err(RuntimeError::GradientNorm { norm });
     }
     // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when the norm exceeds max_norm.
     let factor = if max_norm > 0.0 && norm > max_norm { max_norm / (norm + 1e-6) } else { 1.0 };

@@ -16,11 +16,15 @@ use piper_comm::Communicator;
 use piper_comm::communicator::{MAX_USER_TAG, Pending, wait_all};
 use piper_planner::layout::Layout;
 use piper_planner::migration::{Migration, rebalance};
-use serde::Serialize;
 
+use super::error::{Result, RuntimeError, host_f32};
+use super::fault;
+use super::fingerprint::check_ranks_agree;
 use super::optim::AdamW;
-use crate::dispatcher::ExpertPlacement;
+use super::report::MigrationEvent;
+use crate::model::CausalLm;
 use crate::moe::MoeBlock;
+use crate::moe::dispatcher::ExpertPlacement;
 
 /// Migration messages use tags `TAG_BASE + expert` (no pipeline message is in flight between steps).
 const TAG_BASE: u32 = 8192;
@@ -37,23 +41,6 @@ pub struct MigrationSettings {
     /// Bytes moved per expert (weights and both moments) and the link bandwidth, for the prediction.
     pub bytes_per_expert: f64,
     pub link_gbs: f64,
-}
-
-/// One migration of one MoE layer (in every expert group of the layer's stage), as the metrics report it.
-#[derive(Clone, Debug, Serialize)]
-pub struct MigrationEvent {
-    /// Index of the MoE layer in the model.
-    pub layer: usize,
-    pub swaps: usize,
-    pub experts_moved: u64,
-    /// Bytes one expert group moved.
-    pub bytes: f64,
-    /// Measured wall time of the move, mean over the layer's ranks.
-    pub seconds: f64,
-    /// The planner's cost model (Table IV's): the busiest rank's bytes over the link bandwidth.
-    pub predicted_seconds: f64,
-    pub imbalance_before: f64,
-    pub imbalance_after: f64,
 }
 
 /// Counts over the window and the decision.
@@ -74,9 +61,12 @@ impl Migrator {
     }
 
     /// Continues a saved window; the error says when its shape does not fit this model.
-    pub fn restore_window(&mut self, steps: usize, counts: &[Vec<f64>]) -> Result<(), String> {
+    pub fn restore_window(&mut self, steps: usize, counts: &[Vec<f64>]) -> Result<()> {
         if counts.len() != self.window.len() || counts.iter().zip(&self.window).any(|(a, b)| a.len() != b.len()) {
-            return Err("the checkpoint's migration window does not fit this model's MoE layers".into());
+            return Err(RuntimeError::invalid(
+                "the checkpoint's migration window",
+                "does not fit this model's MoE layers",
+            ));
         }
         self.window = counts.to_vec();
         self.steps_in_window = steps;
@@ -95,7 +85,7 @@ impl Migrator {
 
     /// At the end of a window: for each layer whose rank imbalance exceeds the threshold, the planner's
     /// hill climbing on its expert group. The same on every rank. Starts a new window.
-    pub fn decide(&mut self, placements: &[ExpertPlacement]) -> Result<Vec<(usize, Migration)>, String> {
+    pub fn decide(&mut self, placements: &[ExpertPlacement]) -> Result<Vec<(usize, Migration)>> {
         if self.steps_in_window < self.settings.check_every_steps {
             return Ok(Vec::new());
         }
@@ -113,7 +103,7 @@ impl Migrator {
                 s.bytes_per_expert,
                 s.link_gbs,
             )
-            .map_err(|e| format!("expert migration of MoE layer {layer}: {e}"))?;
+            .map_err(|source| RuntimeError::Migration { layer, source })?;
             if m.imbalance_before > s.threshold && m.experts_moved > 0 {
                 out.push((layer, m));
             }
@@ -134,101 +124,170 @@ pub struct GroupCoords {
     pub ep: usize,
 }
 
-fn host<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, String> {
-    t.into_data().convert::<f32>().try_into_vec::<f32>().map_err(|e| format!("{e:?}"))
+/// The migrations the window calls for, carried out: every rank decides the same; the ranks of each
+/// layer's stage move its experts; every rank updates its placement table. `first_moe` is the index of
+/// this stage's first MoE layer, `stage_ranks` the ranks per stage (the events' times are their mean).
+#[allow(clippy::too_many_arguments)]
+pub fn migrate(
+    migrator: &mut Migrator,
+    mut model: CausalLm,
+    placements: &mut [ExpertPlacement],
+    optim: &mut AdamW,
+    world: &dyn Communicator,
+    coords: &GroupCoords,
+    first_moe: usize,
+    stage_ranks: usize,
+) -> Result<(CausalLm, Vec<MigrationEvent>)> {
+    let decisions = migrator.decide(placements)?;
+    if decisions.is_empty() {
+        return Ok((model, Vec::new()));
+    }
+    if cfg!(debug_assertions) {
+        let decided: Vec<(usize, &Vec<u64>)> = decisions.iter().map(|(l, m)| (*l, &m.placement_after)).collect();
+        check_ranks_agree(world, &[("migration decision", format!("{decided:?}"))])?;
+    }
+    let moe_slots: Vec<usize> =
+        model.layers.iter().enumerate().filter(|(_, l)| l.moe.is_some()).map(|(i, _)| i).collect();
+    let mut seconds = vec![0.0f32; decisions.len()];
+    for (k, (layer, m)) in decisions.iter().enumerate() {
+        let new = placements[*layer].migrated(&m.placement_after.iter().map(|r| *r as usize).collect::<Vec<_>>())?;
+        if let Some(&i) = layer.checked_sub(first_moe).and_then(|j| moe_slots.get(j)) {
+            let block = model.layers[i].moe.take().ok_or(RuntimeError::Internal("an MoE layer without its block"))?;
+            let (block, secs) = move_experts(block, &placements[*layer], &new, optim, world, coords, *layer)?;
+            model.layers[i].moe = Some(block);
+            seconds[k] = secs as f32;
+        }
+        placements[*layer] = new;
+    }
+    world.all_reduce_sum_f32(&mut seconds, "migration time all-reduce")?;
+    let events = decisions
+        .iter()
+        .zip(&seconds)
+        .map(|((layer, m), s)| MigrationEvent {
+            layer: *layer,
+            swaps: m.swaps.len(),
+            experts_moved: m.experts_moved,
+            bytes: m.bytes_moved,
+            seconds: *s as f64 / stage_ranks as f64,
+            predicted_seconds: m.time_s,
+            imbalance_before: m.imbalance_before,
+            imbalance_after: m.imbalance_after,
+        })
+        .collect();
+    Ok((model, events))
+}
+
+/// Host copies of one MoE block's three expert weights `[e, r, c]` and their AdamW moments, slot by slot.
+struct ExpertState {
+    ids: [ParamId; 3],
+    shapes: [[usize; 3]; 3],
+    /// Elements of one expert's slice of each weight.
+    per_slot: [usize; 3],
+    /// Per weight: values, first moment, second moment.
+    host: [[Vec<f32>; 3]; 3],
+}
+
+impl ExpertState {
+    fn of(block: &MoeBlock, opt: &AdamW) -> Result<Self> {
+        let x = &block.experts;
+        let ids = [x.w_gate_edf.id, x.w_up_edf.id, x.w_down_efd.id];
+        let weights = [x.w_gate_edf.val(), x.w_up_edf.val(), x.w_down_efd.val()];
+        let shapes = [weights[0].dims(), weights[1].dims(), weights[2].dims()];
+        let per_slot = shapes.map(|s| s[1] * s[2]);
+        let mut host: [[Vec<f32>; 3]; 3] = Default::default();
+        for (t, w) in weights.into_iter().enumerate() {
+            let values = host_f32(w.inner(), "expert weights")?;
+            let n = values.len();
+            let (m, v) = opt.host(ids[t]).unwrap_or_else(|| (vec![0.0; n], vec![0.0; n]));
+            host[t] = [values, m, v];
+        }
+        Ok(ExpertState { ids, shapes, per_slot, host })
+    }
+
+    /// Floats one expert's message carries: its slice of each weight and both moments.
+    fn payload_floats(&self) -> usize {
+        3 * self.per_slot.iter().sum::<usize>()
+    }
+
+    /// The message of the expert in local `slot`: per weight, its values and both moments.
+    fn payload(&self, slot: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.payload_floats() * 4);
+        for t in 0..3 {
+            let r = slot * self.per_slot[t]..(slot + 1) * self.per_slot[t];
+            for src in &self.host[t] {
+                out.extend(src[r.clone()].iter().flat_map(|f| f.to_le_bytes()));
+            }
+        }
+        out
+    }
+
+    /// Writes an arriving expert's message into local `slot`.
+    fn receive(&mut self, slot: usize, message: &[u8]) {
+        let floats: Vec<f32> = message.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let mut at = 0;
+        for t in 0..3 {
+            let n = self.per_slot[t];
+            for dst in self.host[t].iter_mut() {
+                dst[slot * n..(slot + 1) * n].copy_from_slice(&floats[at..at + n]);
+                at += n;
+            }
+        }
+    }
+
+    /// The block with the new expert weights (same parameter ids) and the optimizer with their moments.
+    fn install(self, mut block: MoeBlock, opt: &mut AdamW) -> MoeBlock {
+        let device = block.experts.w_gate_edf.val().device();
+        let [gate, up, down] = self.host;
+        let mut param = |t: usize, [w, m, v]: [Vec<f32>; 3]| -> Param<Tensor<3>> {
+            opt.replace(self.ids[t], m, v);
+            let tensor = Tensor::<3>::from_data(TensorData::new(w, self.shapes[t]), &device).require_grad();
+            Param::initialized(self.ids[t], tensor)
+        };
+        block.experts.w_gate_edf = param(0, gate);
+        block.experts.w_up_edf = param(1, up);
+        block.experts.w_down_efd = param(2, down);
+        block
+    }
 }
 
 /// Moves this rank's share of one layer's migration: sends each expert leaving this rank (its three
 /// weight slices and their AdamW moments) to its new owner, receives the arriving ones into the slots
-/// they leave free, and rewrites the block's expert weights, the optimizer's moments and the placement.
-/// Returns the block and the seconds it took.
+/// they leave free (experts that stay keep theirs), and rewrites the block's expert weights, the
+/// optimizer's moments and the placement. Returns the block and the seconds it took.
 pub fn move_experts(
-    mut block: MoeBlock,
+    block: MoeBlock,
     old: &ExpertPlacement,
     new: &ExpertPlacement,
     opt: &mut AdamW,
     world: &dyn Communicator,
     at: &GroupCoords,
     layer: usize,
-) -> Result<(MoeBlock, f64), String> {
-    super::report::hang_in_migration(world.rank());
+) -> Result<(MoeBlock, f64)> {
+    fault::in_migration(world.rank());
     let start = Instant::now();
     let e = old.num_experts();
     if e + TAG_BASE as usize > MAX_USER_TAG as usize {
-        return Err(format!("expert migration: {e} experts exceed the {} message tags", MAX_USER_TAG - TAG_BASE));
+        return Err(RuntimeError::MigrationTags { experts: e, tags: MAX_USER_TAG - TAG_BASE });
     }
-    let me = at.ep;
-    let ids: [ParamId; 3] = [block.experts.w_gate_edf.id, block.experts.w_up_edf.id, block.experts.w_down_efd.id];
-    let weights = [block.experts.w_gate_edf.val(), block.experts.w_up_edf.val(), block.experts.w_down_efd.val()];
-    let shapes: Vec<[usize; 3]> = weights.iter().map(|w| w.dims()).collect();
-    let device = weights[0].device();
-    let per_slot: Vec<usize> = shapes.iter().map(|s| s[1] * s[2]).collect();
-    // Host copies: the weights and both moments of each of the three tensors.
-    let mut w_host: Vec<Vec<f32>> = Vec::new();
-    let mut m_host: Vec<Vec<f32>> = Vec::new();
-    let mut v_host: Vec<Vec<f32>> = Vec::new();
-    for (i, w) in weights.into_iter().enumerate() {
-        let values = host(w.inner())?;
-        let n = values.len();
-        let (m, v) = opt.host(ids[i]).unwrap_or_else(|| (vec![0.0; n], vec![0.0; n]));
-        w_host.push(values);
-        m_host.push(m);
-        v_host.push(v);
-    }
+    let mut state = ExpertState::of(&block, opt)?;
     let world_rank = |ep: usize| at.layout.rank(at.stage, at.dp, ep as u64) as usize;
-    let op = format!("expert migration of MoE layer {layer}");
     let mut pending: Vec<Box<dyn Pending>> = Vec::new();
     // (index in `pending`, expert) of each receive.
     let mut arriving: Vec<(usize, usize)> = Vec::new();
-    let payload_floats: usize = 3 * per_slot.iter().sum::<usize>();
-    for x in 0..e {
-        let (from, to) = (old.rank_of(x), new.rank_of(x));
-        if from == to {
-            continue;
-        }
-        if to == me {
+    for x in (0..e).filter(|x| old.rank_of(*x) != new.rank_of(*x)) {
+        let (from, to, tag) = (old.rank_of(x), new.rank_of(x), TAG_BASE + x as u32);
+        if to == at.ep {
             arriving.push((pending.len(), x));
-            pending.push(
-                world.irecv(world_rank(from), TAG_BASE + x as u32, payload_floats * 4).map_err(|e| e.to_string())?,
-            );
-        } else if from == me {
-            let slot = old.slot_of(x);
-            let mut payload: Vec<u8> = Vec::with_capacity(payload_floats * 4);
-            for t in 0..3 {
-                let r = slot * per_slot[t]..(slot + 1) * per_slot[t];
-                for src in [&w_host[t], &m_host[t], &v_host[t]] {
-                    payload.extend(src[r.clone()].iter().flat_map(|f| f.to_le_bytes()));
-                }
-            }
-            pending.push(world.isend(world_rank(to), TAG_BASE + x as u32, payload).map_err(|e| e.to_string())?);
+            pending.push(world.irecv(world_rank(from), tag, state.payload_floats() * 4)?);
+        } else if from == at.ep {
+            pending.push(world.isend(world_rank(to), tag, state.payload(old.slot_of(x)))?);
         }
     }
-    let received = wait_all(world, pending, &op).map_err(|e| e.to_string())?;
+    let received = wait_all(world, pending, &format!("expert migration of MoE layer {layer}"))?;
     for &(i, x) in &arriving {
-        let floats: Vec<f32> =
-            received[i].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        let slot = new.slot_of(x);
-        let mut at_float = 0;
-        for t in 0..3 {
-            let r = slot * per_slot[t]..(slot + 1) * per_slot[t];
-            for dst in [&mut w_host[t], &mut m_host[t], &mut v_host[t]] {
-                dst[r.clone()].copy_from_slice(&floats[at_float..at_float + per_slot[t]]);
-                at_float += per_slot[t];
-            }
-        }
+        state.receive(new.slot_of(x), &received[i]);
     }
-    // Experts that stay keep their slots: their rows are already in place.
-    let param = |t: usize, values: Vec<f32>| -> Param<Tensor<3>> {
-        let tensor = Tensor::<3>::from_data(TensorData::new(values, shapes[t]), &device).require_grad();
-        Param::initialized(ids[t], tensor)
-    };
-    let [w_gate, w_up, w_down] = [0, 1, 2].map(|t| std::mem::take(&mut w_host[t]));
-    block.experts.w_gate_edf = param(0, w_gate);
-    block.experts.w_up_edf = param(1, w_up);
-    block.experts.w_down_efd = param(2, w_down);
-    for t in 0..3 {
-        opt.replace(ids[t], std::mem::take(&mut m_host[t]), std::mem::take(&mut v_host[t]));
-    }
+    let mut block = state.install(block, opt);
     block.set_placement(new.clone());
     Ok((block, start.elapsed().as_secs_f64()))
 }

@@ -139,7 +139,7 @@ mod tests {
     use burn::optim::AdamWConfig;
 
     use super::*;
-    use crate::mlp::{Mlp, MlpConfig};
+    use crate::layers::mlp::{Mlp, MlpConfig};
 
     fn values(m: &Mlp) -> Vec<f32> {
         let mut v = Vec::new();

@@ -11,6 +11,7 @@ use piper_planner::platform::Platform;
 use piper_planner::run_plan::RunPlan;
 
 use super::config::RunConfig;
+use super::error::{Result, RuntimeError};
 
 /// Largest micro-batch count: each micro-batch takes two of the user tags `0..=MAX_USER_TAG`.
 pub const MAX_MICRO_BATCHES: usize = (piper_comm::communicator::MAX_USER_TAG as usize).div_ceil(2);
@@ -65,45 +66,54 @@ pub fn plan_from_flags(
     run: &RunConfig,
     flags: &LayoutFlags,
     ranks: usize,
-) -> Result<RunPlan, String> {
+) -> Result<RunPlan> {
     run.validate()?;
     let l = flags.layout;
     for (flag, v) in [("--pp", l.pp), ("--ep", l.ep), ("--dp", l.dp)] {
         if v == 0 {
-            return Err(format!("{flag} must be ≥ 1"));
+            return Err(RuntimeError::invalid(flag, "must be ≥ 1"));
         }
     }
     let product = l.pp.checked_mul(l.ep).and_then(|x| x.checked_mul(l.dp));
     if product != Some(ranks as u64) {
-        return Err(format!(
-            "--pp {} × --ep {} × --dp {} = {} ranks, but the job has {ranks}; launch with mpirun -np {}",
-            l.pp,
-            l.ep,
-            l.dp,
-            product.map_or("too many".into(), |p| p.to_string()),
-            product.map_or("?".into(), |p| p.to_string())
+        return Err(RuntimeError::invalid(
+            "--pp",
+            format!(
+                "{} × --ep {} × --dp {} = {} ranks, but the job has {ranks}; launch with mpirun -np {}",
+                l.pp,
+                l.ep,
+                l.dp,
+                product.map_or("too many".into(), |p| p.to_string()),
+                product.map_or("?".into(), |p| p.to_string())
+            ),
         ));
     }
     if !(1..=MAX_MICRO_BATCHES).contains(&flags.micro_batches) {
-        return Err(format!("--micro-batches is {}; it must be in 1..={MAX_MICRO_BATCHES}", flags.micro_batches));
+        return Err(RuntimeError::invalid(
+            "--micro-batches",
+            format!("is {}; it must be in 1..={MAX_MICRO_BATCHES}", flags.micro_batches),
+        ));
     }
-    l.validate(spec, Some(ranks as u64)).map_err(|e| e.to_string())?;
+    l.validate(spec, Some(ranks as u64))?;
     let per_step = (l.ep * l.dp) as usize * flags.micro_batches;
     if !run.global_batch.is_multiple_of(per_step) {
-        return Err(format!(
-            "--batch-size {} must be divisible by EP·DP·micro-batches = {}·{}·{} = {per_step} (each rank's micro-batches are equal)",
-            run.global_batch, l.ep, l.dp, flags.micro_batches
+        return Err(RuntimeError::invalid(
+            "--batch-size",
+            format!(
+                "{} must be divisible by EP·DP·micro-batches = {}·{}·{} = {per_step} (each rank's micro-batches are equal)",
+                run.global_batch, l.ep, l.dp, flags.micro_batches
+            ),
         ));
     }
     let split = flags.split.clone().unwrap_or_else(|| StageSplit::even(spec.num_layers, l.pp));
     let cfg = train_config(run, (run.global_batch / per_step) as u64, flags.micro_batches as u64, flags.schedule);
-    let candidate = price(spec, platform, &l, &cfg, flags.all_to_all, &split).map_err(|e| e.to_string())?;
+    let candidate = price(spec, platform, &l, &cfg, flags.all_to_all, &split)?;
     Ok(RunPlan::from_candidate(spec, &platform.name, run.seq_len as u64, "fp32", &candidate))
 }
 
 /// `--plan auto`: the planner's best layout for `ranks` ranks among those the runtime executes (any PP ×
 /// EP × DP, micro-batch count and schedule, f32, no recomputation).
-pub fn plan_auto(spec: &ModelSpec, platform: &Platform, run: &RunConfig, ranks: usize) -> Result<RunPlan, String> {
+pub fn plan_auto(spec: &ModelSpec, platform: &Platform, run: &RunConfig, ranks: usize) -> Result<RunPlan> {
     run.validate()?;
     let mut req = PlanRequest::new(ranks as u64, run.global_batch as u64, run.seq_len as u64);
     let base = train_config(run, 1, 1, Schedule::OneFOneB);
@@ -115,11 +125,14 @@ pub fn plan_auto(spec: &ModelSpec, platform: &Platform, run: &RunConfig, ranks: 
     req.micro_batch_sizes =
         (1..=run.global_batch as u64).filter(|m| (run.global_batch as u64).is_multiple_of(*m)).collect();
     req.top = usize::MAX;
-    let report = plan(spec, platform, &req).map_err(|e| e.to_string())?;
+    let report = plan(spec, platform, &req)?;
     let best =
         report.plans.into_iter().find(|c| c.num_micro_batches as usize <= MAX_MICRO_BATCHES).ok_or_else(|| {
             let reasons: Vec<String> = report.rejected.iter().map(|r| r.reason.clone()).collect();
-            format!("--plan auto: no executable layout for {ranks} ranks ({})", reasons.join("; "))
+            RuntimeError::invalid(
+                "--plan auto:",
+                format!("no executable layout for {ranks} ranks ({})", reasons.join("; ")),
+            )
         })?;
     Ok(RunPlan::from_candidate(spec, &platform.name, run.seq_len as u64, "fp32", &best))
 }
@@ -127,82 +140,92 @@ pub fn plan_auto(spec: &ModelSpec, platform: &Platform, run: &RunConfig, ranks: 
 /// Checks that `plan` is one this run can execute: the plan's own consistency, then its model,
 /// sequence length, batch, rank count, dtype and recomputation against the run. One line, naming the
 /// field, for the first mismatch.
-pub fn check_plan(plan: &RunPlan, spec: &ModelSpec, run: &RunConfig, ranks: usize) -> Result<(), String> {
+pub fn check_plan(plan: &RunPlan, spec: &ModelSpec, run: &RunConfig, ranks: usize) -> Result<()> {
     run.validate()?;
-    plan.validate("plan").map_err(|e| e.to_string())?;
+    plan.validate("plan")?;
     if plan.model != spec.name {
-        return Err(format!(
-            "plan: `model` is `{}` but the run trains `{}`; pass --preset {} or re-plan for this model",
-            plan.model, spec.name, plan.model
+        return Err(RuntimeError::invalid(
+            "plan: `model`",
+            format!(
+                "is `{}` but the run trains `{}`; pass --preset {} or re-plan for this model",
+                plan.model, spec.name, plan.model
+            ),
         ));
     }
     if plan.split().0.iter().sum::<u64>() != spec.num_layers {
-        return Err(format!(
-            "plan: `stages` cover {:?} layers but {} has {}",
-            plan.split().0,
-            spec.name,
-            spec.num_layers
+        return Err(RuntimeError::invalid(
+            "plan: `stages`",
+            format!("cover {:?} layers but {} has {}", plan.split().0, spec.name, spec.num_layers),
         ));
     }
     if plan.expert_placement.len() as u64 != spec.num_experts() {
-        return Err(format!(
-            "plan: `expert_placement` places {} experts but {} has {}",
-            plan.expert_placement.len(),
-            spec.name,
-            spec.num_experts()
+        return Err(RuntimeError::invalid(
+            "plan: `expert_placement`",
+            format!("places {} experts but {} has {}", plan.expert_placement.len(), spec.name, spec.num_experts()),
         ));
     }
     if plan.seq_len != run.seq_len as u64 {
-        return Err(format!("plan: `seq_len` is {} but --seq-len is {}", plan.seq_len, run.seq_len));
+        return Err(RuntimeError::invalid(
+            "plan: `seq_len`",
+            format!("is {} but --seq-len is {}", plan.seq_len, run.seq_len),
+        ));
     }
     if plan.global_batch != run.global_batch as u64 {
-        return Err(format!("plan: `global_batch` is {} but --batch-size is {}", plan.global_batch, run.global_batch));
+        return Err(RuntimeError::invalid(
+            "plan: `global_batch`",
+            format!("is {} but --batch-size is {}", plan.global_batch, run.global_batch),
+        ));
     }
     if plan.gpus != ranks as u64 {
-        return Err(format!(
-            "plan: `gpus` is {} but the job has {ranks} ranks; launch with mpirun -np {}",
-            plan.gpus, plan.gpus
+        return Err(RuntimeError::invalid(
+            "plan: `gpus`",
+            format!("is {} but the job has {ranks} ranks; launch with mpirun -np {}", plan.gpus, plan.gpus),
         ));
     }
     if plan.dtype != "fp32" {
-        return Err(format!(
-            "plan: `dtype` is `{}`; the runtime trains in fp32 — re-plan with --dtype fp32",
-            plan.dtype
+        return Err(RuntimeError::invalid(
+            "plan: `dtype`",
+            format!("is `{}`; the runtime trains in fp32 — re-plan with --dtype fp32", plan.dtype),
         ));
     }
     if plan.recompute != Recompute::None {
-        return Err(format!(
-            "plan: `recompute` is `{}`; the runtime does not recompute activations yet — re-plan with --recompute none",
-            plan.recompute.name()
+        return Err(RuntimeError::invalid(
+            "plan: `recompute`",
+            format!(
+                "is `{}`; the runtime does not recompute activations yet — re-plan with --recompute none",
+                plan.recompute.name()
+            ),
         ));
     }
     if plan.num_micro_batches as usize > MAX_MICRO_BATCHES {
-        return Err(format!("plan: `num_micro_batches` is {}; at most {MAX_MICRO_BATCHES}", plan.num_micro_batches));
+        return Err(RuntimeError::invalid(
+            "plan: `num_micro_batches`",
+            format!("is {}; at most {MAX_MICRO_BATCHES}", plan.num_micro_batches),
+        ));
     }
     Ok(())
 }
 
 /// Refuses a plan whose predicted memory per rank, times the ranks on this node, exceeds the machine's
 /// memory (`/proc/meminfo`; skipped where it cannot be read).
-pub fn check_fits_machine(plan: &RunPlan, ranks_on_node: usize) -> Result<(), String> {
-    let Some(total) = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("MemTotal:"))?.split_whitespace().nth(1)?.parse::<f64>().ok())
-    else {
+pub fn check_fits_machine(plan: &RunPlan, ranks_on_node: usize) -> Result<()> {
+    let Some(total_bytes) = super::host::total_memory_bytes().map(|b| b as f64) else {
         return Ok(());
     };
-    let total_bytes = total * 1024.0;
     let per_rank = plan.predicted.peak_memory_bytes();
     let need = per_rank * ranks_on_node as f64;
     if need > total_bytes {
         let gib = |b: f64| b / (1u64 << 30) as f64;
-        return Err(format!(
-            "--seq-len {} / --batch-size {}: the plan predicts {:.1} GiB per rank × {ranks_on_node} ranks on this node = {:.1} GiB, more than this machine's {:.1} GiB; use a shorter --seq-len, a smaller --batch-size or more micro-batches",
-            plan.seq_len,
-            plan.global_batch,
-            gib(per_rank),
-            gib(need),
-            gib(total_bytes)
+        return Err(RuntimeError::invalid(
+            "--seq-len",
+            format!(
+                "{} / --batch-size {}: the plan predicts {:.1} GiB per rank × {ranks_on_node} ranks on this node = {:.1} GiB, more than this machine's {:.1} GiB; use a shorter --seq-len, a smaller --batch-size or more micro-batches",
+                plan.seq_len,
+                plan.global_batch,
+                gib(per_rank),
+                gib(need),
+                gib(total_bytes)
+            ),
         ));
     }
     Ok(())

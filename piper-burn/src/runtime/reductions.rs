@@ -12,19 +12,19 @@
 
 use burn::prelude::*;
 
+use super::error::{Result, RuntimeError, host_f32};
+
 /// Largest count a sum of ones holds exactly in f32 (2^24): longer probes would round on any device.
 const EXACT_F32: usize = 1 << 24;
 
 /// `Ok` when `device` sums `tokens` rows (per column, and all of them) exactly; otherwise an error naming
 /// the flags that shrink a micro-batch.
-pub fn check_token_reductions(device: &Device, tokens: usize) -> Result<(), String> {
+pub fn check_token_reductions(device: &Device, tokens: usize) -> Result<()> {
     let n = tokens.min(EXACT_F32);
     if n == 0 {
         return Ok(());
     }
-    let read = |t: Tensor<1>| -> Result<Vec<f32>, String> {
-        t.into_data().convert::<f32>().try_into_vec::<f32>().map_err(|e| format!("reduction probe: {e:?}"))
-    };
+    let read = |t: Tensor<1>| host_f32(t, "reduction probe");
     let mut got = read(Tensor::<2>::ones([n, 2], device).sum_dim(0).reshape([2]))?;
     got.extend(read(Tensor::<1>::ones([n], device).sum().reshape([1]))?);
     got.extend(read(Tensor::<1>::ones([n], device).mean().reshape([1]))?.iter().map(|m| m * n as f32));
@@ -32,13 +32,7 @@ pub fn check_token_reductions(device: &Device, tokens: usize) -> Result<(), Stri
     // Exact in f32 for any summation order; NaN is not within 0.5 either.
     let right = |g: f32| (g - want).abs() <= 0.5;
     if let Some(bad) = got.iter().find(|g| !right(**g)) {
-        return Err(format!(
-            "this device's reductions are wrong over {n} rows: summing {n} ones gave {bad} (Burn/CubeCL on \
-             wgpu through lavapipe stop at 65 532). A micro-batch here has {tokens} tokens per rank, and the \
-             loss, the load-balancing loss and the norm gradients reduce over them, so training would be \
-             silently wrong: lower --batch-size or --seq-len, or raise --micro-batches, to at most 65 532 \
-             tokens per micro-batch per rank, or train on the CPU (--backend flex)"
-        ));
+        return Err(RuntimeError::WrongReductions { rows: n, got: *bad, tokens });
     }
     Ok(())
 }
@@ -51,8 +45,8 @@ mod tests {
     fn flex_sums_long_axes_exactly() {
         let device = Device::flex();
         for tokens in [1, 65_532, 65_533, 100_003] {
-            assert_eq!(check_token_reductions(&device, tokens), Ok(()), "{tokens} tokens");
+            assert!(check_token_reductions(&device, tokens).is_ok(), "{tokens} tokens");
         }
-        assert_eq!(check_token_reductions(&device, 0), Ok(()));
+        assert!(check_token_reductions(&device, 0).is_ok());
     }
 }

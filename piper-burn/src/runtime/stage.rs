@@ -15,11 +15,12 @@ use piper_comm::communicator::wait_all;
 use piper_comm::{Communicator, Pending};
 use piper_planner::schedule::Instr;
 
+use super::error::{Result, RuntimeError, host_f32};
 use super::grads::{accumulate, clip_global_norm, parameters, reduce_gradients};
 use super::optim::AdamW;
 use super::profile;
-use crate::dispatcher::{SharedComm, TokenDispatcher};
-use crate::lm::CausalLm;
+use crate::model::causal_lm::CausalLm;
+use crate::moe::dispatcher::{SharedComm, TokenDispatcher};
 
 /// Where a stage sits and the sizes of its micro-batches.
 pub(crate) struct StageShape {
@@ -91,9 +92,8 @@ pub(crate) struct StepState {
     start: Instant,
 }
 
-fn to_bytes(t: Tensor<3>) -> Result<Vec<u8>, String> {
-    let v: Vec<f32> = t.into_data().convert::<f32>().try_into_vec::<f32>().map_err(|e| format!("{e:?}"))?;
-    Ok(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+fn to_bytes(t: Tensor<3>) -> Result<Vec<u8>> {
+    Ok(host_f32(t, "a stage boundary tensor")?.iter().flat_map(|x| x.to_le_bytes()).collect())
 }
 
 fn from_bytes(b: &[u8], shape: [usize; 3], device: &Device) -> Tensor<3> {
@@ -101,8 +101,8 @@ fn from_bytes(b: &[u8], shape: [usize; 3], device: &Device) -> Tensor<3> {
     Tensor::from_data(TensorData::new(v, shape), device)
 }
 
-fn scalar(t: Tensor<1>) -> Result<f32, String> {
-    t.into_data().convert::<f32>().try_into_vec::<f32>().map(|v| v[0]).map_err(|e| format!("{e:?}"))
+fn scalar(t: Tensor<1>) -> Result<f32> {
+    Ok(host_f32(t, "a loss")?[0])
 }
 
 impl Stage<'_> {
@@ -130,7 +130,7 @@ impl Stage<'_> {
     }
 
     /// Runs one instruction (its handler) and books its compute time.
-    pub fn run(&mut self, instr: Instr, st: &mut StepState, lr: f64) -> Result<(), String> {
+    pub fn run(&mut self, instr: Instr, st: &mut StepState, lr: f64) -> Result<()> {
         let t = Instant::now();
         let _phase = profile::phase(match instr {
             Instr::LoadMicroBatch(_) => "load",
@@ -167,22 +167,22 @@ impl Stage<'_> {
     }
 
     /// Waits for a neighbour's message; returns it and the seconds waited.
-    fn receive(&self, from: usize, tag: usize, what: &str, i: usize) -> Result<(Tensor<3>, f64), String> {
+    fn receive(&self, from: usize, tag: usize, what: &str, i: usize) -> Result<(Tensor<3>, f64)> {
         let s = &self.shape;
         let t = Instant::now();
         let op = format!("stage {} receive {what} of micro-batch {i}", s.index);
-        let pending = self.world.irecv(from, tag as u32, s.mbs * s.seq * s.d_model * 4).map_err(|e| e.to_string())?;
-        let got = wait_all(self.world, vec![pending], &op).map_err(|e| e.to_string())?;
+        let pending = self.world.irecv(from, tag as u32, s.mbs * s.seq * s.d_model * 4)?;
+        let got = wait_all(self.world, vec![pending], &op)?;
         Ok((from_bytes(&got[0], [s.mbs, s.seq, s.d_model], &self.device), t.elapsed().as_secs_f64()))
     }
 
-    fn recv_activation(&self, st: &mut StepState, i: usize) -> Result<f64, String> {
+    fn recv_activation(&self, st: &mut StepState, i: usize) -> Result<f64> {
         let (x, waited) = self.receive(self.shape.prev, 2 * i, "activations", i)?;
         st.inputs[i] = Some(x.require_grad());
         Ok(waited)
     }
 
-    fn forward(&self, st: &mut StepState, i: usize) -> Result<f64, String> {
+    fn forward(&self, st: &mut StepState, i: usize) -> Result<f64> {
         let (s, model) = (&self.shape, &self.model);
         if let Some(d) = &self.dispatcher {
             d.begin_forward();
@@ -191,7 +191,9 @@ impl Stage<'_> {
         let x = match &input {
             Some(x) => x.clone(),
             None => {
-                let ids = st.batches[i].clone().ok_or("schedule bug: forward before its micro-batch")?;
+                let ids = st.batches[i]
+                    .clone()
+                    .ok_or(RuntimeError::Internal("schedule bug: forward before its micro-batch"))?;
                 model.embed_tokens(ids.narrow(1, 0, s.seq))
             }
         };
@@ -207,7 +209,8 @@ impl Stage<'_> {
             st.router_sum += scalar(r.clone())?;
         }
         let local_loss = if s.is_last {
-            let ids = st.batches[i].take().ok_or("schedule bug: the last stage has no targets")?;
+            let ids =
+                st.batches[i].take().ok_or(RuntimeError::Internal("schedule bug: the last stage has no targets"))?;
             let ce = model.cross_entropy(model.head(out.clone()), ids.narrow(1, 1, s.seq));
             st.ce_sum += scalar(ce.clone())?;
             Some(match router {
@@ -221,21 +224,22 @@ impl Stage<'_> {
         Ok(0.0)
     }
 
-    fn send_activation(&self, st: &mut StepState, i: usize) -> Result<f64, String> {
-        let out = st.saved[i].as_ref().ok_or("schedule bug: send before forward")?.output.clone();
+    fn send_activation(&self, st: &mut StepState, i: usize) -> Result<f64> {
+        let out =
+            st.saved[i].as_ref().ok_or(RuntimeError::Internal("schedule bug: send before forward"))?.output.clone();
         let bytes = to_bytes(out.detach())?;
-        st.sends.push(self.world.isend(self.shape.next, (2 * i) as u32, bytes).map_err(|e| e.to_string())?);
+        st.sends.push(self.world.isend(self.shape.next, (2 * i) as u32, bytes)?);
         Ok(0.0)
     }
 
-    fn recv_grad(&self, st: &mut StepState, i: usize) -> Result<f64, String> {
+    fn recv_grad(&self, st: &mut StepState, i: usize) -> Result<f64> {
         let (g, waited) = self.receive(self.shape.next, 2 * i + 1, "gradients", i)?;
         st.out_grads[i] = Some(g);
         Ok(waited)
     }
 
-    fn backward(&self, st: &mut StepState, i: usize) -> Result<f64, String> {
-        let saved = st.saved[i].take().ok_or("schedule bug: backward before forward")?;
+    fn backward(&self, st: &mut StepState, i: usize) -> Result<f64> {
+        let saved = st.saved[i].take().ok_or(RuntimeError::Internal("schedule bug: backward before forward"))?;
         let objective = match st.out_grads[i].take() {
             // The vector-Jacobian product of the stage's output with the received gradient.
             Some(g) => {
@@ -245,30 +249,31 @@ impl Stage<'_> {
                     None => vjp,
                 }
             }
-            None => saved.local_loss.ok_or("schedule bug: a middle stage's backward without a gradient")?,
+            None => saved
+                .local_loss
+                .ok_or(RuntimeError::Internal("schedule bug: a middle stage's backward without a gradient"))?,
         };
         let grads = objective.backward();
         if let Some(x) = &saved.input {
-            let gx = x.grad(&grads).ok_or("the stage input got no gradient")?;
+            let gx = x.grad(&grads).ok_or(RuntimeError::Internal("the stage input got no gradient"))?;
             st.in_grads[i] = Some(Tensor::from_data(gx.into_data(), &self.device));
         }
         accumulate(&mut st.acc, GradientsParams::from_grads(grads, &self.model), &st.params)?;
         Ok(0.0)
     }
 
-    fn send_grad(&self, st: &mut StepState, i: usize) -> Result<f64, String> {
-        let g = st.in_grads[i].take().ok_or("schedule bug: send of a gradient not computed")?;
-        st.sends.push(self.world.isend(self.shape.prev, (2 * i + 1) as u32, to_bytes(g)?).map_err(|e| e.to_string())?);
+    fn send_grad(&self, st: &mut StepState, i: usize) -> Result<f64> {
+        let g = st.in_grads[i].take().ok_or(RuntimeError::Internal("schedule bug: send of a gradient not computed"))?;
+        st.sends.push(self.world.isend(self.shape.prev, (2 * i + 1) as u32, to_bytes(g)?)?);
         Ok(0.0)
     }
 
     /// Waits for the step's sends, sums the gradients over the ranks that hold the same weights, and
     /// finds the global norm and the clipping factor (applied in the optimiser's pass).
-    fn reduce_grads(&self, st: &mut StepState) -> Result<(), String> {
+    fn reduce_grads(&self, st: &mut StepState) -> Result<()> {
         st.makespan = st.start.elapsed().as_secs_f64();
         let sends = std::mem::take(&mut st.sends);
-        wait_all(self.world, sends, &format!("stage {} pipeline sends", self.shape.index))
-            .map_err(|e| e.to_string())?;
+        wait_all(self.world, sends, &format!("stage {} pipeline sends", self.shape.index))?;
         let grads = st.acc.get_or_insert_with(GradientsParams::new);
         reduce_gradients(grads, &st.params, self.stage_comm.get(), self.expert_dp_comm.as_ref())?;
         (st.grad_norm, st.grad_scale) =
@@ -276,7 +281,7 @@ impl Stage<'_> {
         Ok(())
     }
 
-    fn optimizer_step(&mut self, st: &mut StepState, lr: f64) -> Result<(), String> {
+    fn optimizer_step(&mut self, st: &mut StepState, lr: f64) -> Result<()> {
         let grads = st.acc.take().unwrap_or_default();
         self.model = self.optim.step_scaled(lr, self.model.clone(), &grads, st.grad_scale);
         Ok(())

@@ -9,12 +9,11 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use serde_json::{Value, json};
-
 use super::shard::{Source, read_tensors, verify_file, write_shard};
 use super::{EXP_AVG, EXP_AVG_SQ, Manifest, resolve};
 use crate::error::{Error, Result};
-use crate::model::{Attention, LayerKind, ModelSpec, Norm, QkNorm, ScoreFunction};
+use crate::hf::mixtral_config;
+use crate::model::{LayerKind, ModelSpec};
 
 /// What an export wrote.
 #[derive(Clone, Debug, PartialEq)]
@@ -24,58 +23,6 @@ pub struct Exported {
     pub bytes: u64,
     /// `true`: `config.json` is a transformers Mixtral config; `false`: Piper's native spec.
     pub transformers_config: bool,
-}
-
-/// A transformers `MixtralConfig` for a Mixtral-shaped spec (see the module doc), else `None`.
-pub fn mixtral_config(spec: &ModelSpec) -> Option<Value> {
-    let Attention::Gqa {
-        num_heads,
-        num_kv_heads,
-        head_dim,
-        qkv_bias: false,
-        o_bias: false,
-        qk_norm: QkNorm::None,
-        sinks: false,
-    } = spec.attention
-    else {
-        return None;
-    };
-    let moe = spec.moe.as_ref()?;
-    let shaped = matches!(spec.model_type.as_str(), "mixtral" | "piper")
-        && spec.norm == Norm::RmsNorm
-        && spec.layers.iter().all(|k| *k == LayerKind::Moe)
-        && spec.mtp_depth == 0
-        && moe.score_function == ScoreFunction::Softmax
-        && moe.num_shared_experts == 0
-        && !moe.shared_expert_gate
-        && !moe.router_bias
-        && moe.n_group.is_none()
-        && moe.routed_scaling_factor.is_none()
-        && moe.norm_topk_prob
-        && moe.expert.gated
-        && !moe.expert.bias;
-    shaped.then(|| {
-        json!({
-            "architectures": ["MixtralForCausalLM"],
-            "model_type": "mixtral",
-            "hidden_size": spec.hidden_size,
-            "intermediate_size": moe.expert.intermediate_size,
-            "num_hidden_layers": spec.num_layers,
-            "num_attention_heads": num_heads,
-            "num_key_value_heads": num_kv_heads,
-            "head_dim": head_dim,
-            "vocab_size": spec.vocab_size,
-            "num_local_experts": moe.num_experts,
-            "num_experts_per_tok": moe.top_k,
-            // The defaults Piper's model builder uses when the spec gives none.
-            "rope_theta": spec.rope_theta.unwrap_or(10000.0),
-            "rms_norm_eps": spec.norm_eps.unwrap_or(1e-6),
-            "tie_word_embeddings": spec.tie_embeddings,
-            "hidden_act": "silu",
-            "max_position_embeddings": 4096,
-            "torch_dtype": "float32",
-        })
-    })
 }
 
 /// Checks that `names` hold the whole model: embedding, final norm, every layer's norms, every expert

@@ -1,7 +1,6 @@
-//! Model architecture: specs, Hugging Face loaders, presets, parameter and FLOP counts.
+//! Model architecture: specs, presets, parameter and FLOP counts (Hugging Face configs: [`crate::hf`]).
 
 pub mod counts;
-pub mod hf;
 pub mod presets;
 pub mod spec;
 mod validate;

@@ -5,9 +5,9 @@
 
 use std::path::Path;
 
-use super::hf::from_hf_config_str;
 use super::spec::{Attention, LayerKind, Mlp, ModelSpec, Moe, Norm, QkNorm, ScoreFunction};
 use crate::error::{Error, Result};
+use crate::hf::from_hf_config_str;
 
 /// Presets stored as Hugging Face `config.json` files.
 const HF_PRESETS: &[(&str, &str)] = &[
@@ -164,7 +164,7 @@ pub fn load_model_str(text: &str, source: &str) -> Result<ModelSpec> {
         spec.validate()?;
         return Ok(spec);
     }
-    crate::model::hf::from_hf_config(&value, source)
+    crate::hf::from_hf_config(&value, source)
 }
 
 fn all_moe(layers: u64) -> Vec<LayerKind> {

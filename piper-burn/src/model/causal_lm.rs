@@ -1,0 +1,187 @@
+//! Causal language model: embedding, decoder layers, final norm, LM head (tied to the embedding or not),
+//! next-token cross-entropy plus the router losses.
+//!
+//! Legend: b = batch, s = sequence, d = model width, v = vocabulary.
+
+use burn::module::{Module, Param};
+use burn::nn::{Embedding, EmbeddingConfig, RmsNorm, RmsNormConfig};
+use burn::prelude::*;
+
+use super::decoder::{DecoderLayer, DecoderLayerConfig};
+use crate::layers::fused::rms_norm;
+use crate::layers::init::{initializer, normal_param};
+use crate::moe::MoeStats;
+
+#[derive(Config, Debug)]
+pub struct CausalLmConfig {
+    pub vocab_size: usize,
+    pub d_model: usize,
+    pub layers: Vec<DecoderLayerConfig>,
+    #[config(default = false)]
+    pub tie_embeddings: bool,
+    #[config(default = 1e-6)]
+    pub norm_eps: f64,
+    /// Weight of the load-balancing loss in the training loss.
+    #[config(default = 0.01)]
+    pub aux_loss_coef: f64,
+    /// Weight of the router z-loss.
+    #[config(default = 0.0)]
+    pub z_loss_coef: f64,
+    /// Debug: all-zero router weights (degenerate routing, for testing zero-token experts).
+    #[config(default = false)]
+    pub zero_router: bool,
+}
+
+#[derive(Module, Debug)]
+pub struct CausalLm {
+    pub embed: Embedding,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: RmsNorm,
+    /// `[d, v]`; `None` when tied to the embedding.
+    pub lm_head_dv: Option<Param<Tensor<2>>>,
+    pub aux_loss_coef: f64,
+    pub z_loss_coef: f64,
+}
+
+/// A forward pass's results.
+#[derive(Debug, Clone)]
+pub struct LmOutput {
+    /// `[b, s, v]`
+    pub logits_bsv: Tensor<3>,
+    /// One entry per MoE layer, in layer order.
+    pub moe: Vec<MoeStats>,
+}
+
+/// A training step's loss and its parts.
+#[derive(Debug, Clone)]
+pub struct LmLoss {
+    /// Cross-entropy + aux_loss_coef · mean aux loss + z_loss_coef · mean z-loss.
+    pub total: Tensor<1>,
+    pub cross_entropy: Tensor<1>,
+    pub moe: Vec<MoeStats>,
+}
+
+/// Draws every lazily initialised parameter now, in module order, so a seed gives the same weights
+/// whatever the first forward pass touches first (and whichever thread it runs on).
+struct Materialize;
+
+impl burn::module::ModuleVisitor for Materialize {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let _ = param.val();
+    }
+}
+
+impl CausalLmConfig {
+    pub fn init(&self, device: &Device) -> CausalLm {
+        let mut model = self.init_lazy(device);
+        model.visit(&mut Materialize);
+        if self.zero_router {
+            for block in model.layers.iter_mut().filter_map(|l| l.moe.as_mut()) {
+                let shape = block.router.gate.weight.dims();
+                block.router.gate.weight = Param::from_tensor(Tensor::zeros(shape, device));
+            }
+        }
+        model
+    }
+
+    fn init_lazy(&self, device: &Device) -> CausalLm {
+        CausalLm {
+            embed: EmbeddingConfig::new(self.vocab_size, self.d_model).with_initializer(initializer()).init(device),
+            layers: self.layers.iter().map(|l| l.init(device)).collect(),
+            norm: RmsNormConfig::new(self.d_model).with_epsilon(self.norm_eps).init(device),
+            lm_head_dv: (!self.tie_embeddings).then(|| normal_param([self.d_model, self.vocab_size], device)),
+            aux_loss_coef: self.aux_loss_coef,
+            z_loss_coef: self.z_loss_coef,
+        }
+    }
+}
+
+impl CausalLm {
+    /// Token embeddings. `ids_bs`: `[b, s]` → `[b, s, d]`.
+    pub fn embed_tokens(&self, ids_bs: Tensor<2, Int>) -> Tensor<3> {
+        self.embed.forward(ids_bs)
+    }
+
+    /// Runs the decoder layers `layers` (a pipeline stage's share). `x_bsd`: `[b, s, d]` → `[b, s, d]`,
+    /// with the MoE statistics of its MoE layers.
+    pub fn forward_layers(&self, mut x_bsd: Tensor<3>, layers: std::ops::Range<usize>) -> (Tensor<3>, Vec<MoeStats>) {
+        let mut moe = Vec::new();
+        for layer in &self.layers[layers] {
+            let (y, stats) = layer.forward(x_bsd);
+            x_bsd = y;
+            moe.extend(stats);
+        }
+        (x_bsd, moe)
+    }
+
+    /// Final norm and LM head. `x_bsd`: `[b, s, d]` → logits `[b, s, v]`.
+    pub fn head(&self, x_bsd: Tensor<3>) -> Tensor<3> {
+        let h_bsd = rms_norm(&self.norm, x_bsd);
+        let head_dv = match &self.lm_head_dv {
+            Some(w) => w.val(),
+            // Tied: the `[v, d]` table read transposed in place.
+            None => self.embed.weight.val().transpose(),
+        };
+        kernels_cubecl::linear(h_bsd, head_dv, None)
+    }
+
+    /// Mean next-token cross-entropy of logits `[b, s, v]` against `targets_bs` `[b, s]` (one fused pass
+    /// forward and one backward: [`kernels_cubecl::cross_entropy`]).
+    pub fn cross_entropy(&self, logits_bsv: Tensor<3>, targets_bs: Tensor<2, Int>) -> Tensor<1> {
+        let [b, s, v] = logits_bsv.dims();
+        let logits = logits_bsv.reshape([b * s, v]);
+        kernels_cubecl::cross_entropy(logits, targets_bs.reshape([b * s])).mean()
+    }
+
+    /// The router-loss terms of `moe` (some of the model's `num_moe_layers` MoE layers), weighted as
+    /// in the training loss.
+    pub fn router_losses(&self, moe: &[MoeStats], num_moe_layers: usize) -> Option<Tensor<1>> {
+        let n = num_moe_layers.max(1) as f64;
+        let mut terms = Vec::new();
+        if self.aux_loss_coef > 0.0 {
+            terms.extend(moe.iter().map(|m| m.aux_loss.clone() * (self.aux_loss_coef / n)));
+        }
+        if self.z_loss_coef > 0.0 {
+            terms.extend(moe.iter().map(|m| m.z_loss() * (self.z_loss_coef / n)));
+        }
+        terms.into_iter().reduce(|a, b| a + b)
+    }
+
+    /// MoE layers in the model.
+    pub fn num_moe_layers(&self) -> usize {
+        self.layers.iter().filter(|l| l.moe.is_some()).count()
+    }
+
+    /// # Shapes
+    /// - `ids_bs`: `[b, s]` token ids → logits `[b, s, v]`
+    pub fn forward(&self, ids_bs: Tensor<2, Int>) -> LmOutput {
+        let (x_bsd, moe) = self.forward_layers(self.embed_tokens(ids_bs), 0..self.layers.len());
+        LmOutput { logits_bsv: self.head(x_bsd), moe }
+    }
+
+    /// Next-token loss on `ids_bs` (predicting positions 1.. from 0..), plus the router losses.
+    pub fn loss(&self, ids_bs: Tensor<2, Int>) -> LmLoss {
+        let [_, s] = ids_bs.dims();
+        let out = self.forward(ids_bs.clone().narrow(1, 0, s - 1));
+        let cross_entropy = self.cross_entropy(out.logits_bsv, ids_bs.narrow(1, 1, s - 1));
+        let total = match self.router_losses(&out.moe, out.moe.len()) {
+            Some(r) => cross_entropy.clone() + r,
+            None => cross_entropy.clone(),
+        };
+        LmLoss { total, cross_entropy, moe: out.moe }
+    }
+
+    /// Applies DeepSeek-V3's bias update to every router that uses a selection bias, from the tokens
+    /// each expert received (one list per MoE layer of this model, in layer order).
+    pub fn update_router_biases(mut self, tokens_per_expert: &[Vec<usize>], rate: f64) -> Self {
+        let mut counts = tokens_per_expert.iter();
+        for layer in self.layers.iter_mut() {
+            if let Some(block) = layer.moe.take() {
+                let c = counts.next().expect("one token count per MoE layer");
+                let router = block.router.update_selection_bias(c, rate);
+                layer.moe = Some(crate::moe::MoeBlock { router, ..block });
+            }
+        }
+        self
+    }
+}

@@ -1,0 +1,9 @@
+//! The model: pre-norm decoder layers (dense or MoE) inside a causal language model, and its
+//! construction from a planner [`ModelSpec`](piper_planner::model::ModelSpec).
+
+pub mod causal_lm;
+pub mod decoder;
+pub mod from_spec;
+
+pub use causal_lm::{CausalLm, CausalLmConfig, LmLoss, LmOutput};
+pub use from_spec::Unsupported;

@@ -1,0 +1,158 @@
+//! A job — everything a run needs besides its data — and what a run leaves. [`Job::check`] refuses a job
+//! that cannot run before anything is allocated.
+
+use burn::prelude::*;
+use piper_comm::{Communicator, Topology};
+use piper_planner::model::ModelSpec;
+use piper_planner::platform::Platform;
+use piper_planner::run_plan::RunPlan;
+
+use super::checkpoint::{CheckpointSettings, Resume};
+use super::config::RunConfig;
+use super::error::{Result, RuntimeError};
+use super::plan::{check_fits_machine, check_plan};
+use super::profile::StepProfile;
+use super::reductions::check_token_reductions;
+use super::report::{RunSummary, StepMetrics};
+use crate::corpus::Corpus;
+use crate::model::{CausalLm, CausalLmConfig};
+use crate::moe::dispatcher::ExpertPlacement;
+
+/// Everything a run needs besides its data.
+pub struct Job<'a> {
+    pub spec: &'a ModelSpec,
+    /// The Burn model of `spec` ([`CausalLmConfig::from_spec`]).
+    pub model: &'a CausalLmConfig,
+    pub run: &'a RunConfig,
+    pub plan: &'a RunPlan,
+    pub world: &'a dyn Communicator,
+    pub topo: &'a Topology,
+    /// The platform the plan was priced on (migration's cost prediction uses its intra-node bandwidth).
+    pub platform: &'a Platform,
+    pub device: &'a Device,
+    /// Model FLOPs per token (the planner's count) and the measured peak FLOP/s of one rank: the basis
+    /// of the MFU the metrics report.
+    pub flops_per_token: f64,
+    pub peak_flops: f64,
+    /// Where and when to save checkpoints, and the checkpoint to resume from (`--resume`).
+    pub checkpoint: &'a CheckpointSettings,
+    pub resume: Option<&'a Resume>,
+    /// A Hugging Face model folder whose weights the run starts from (`--init-hf`).
+    pub init_hf: Option<&'a std::path::Path>,
+}
+
+/// What a run leaves: this rank's part of the model, the metrics of every step, each rank's peak RSS.
+pub struct Trained {
+    pub model: CausalLm,
+    pub metrics: Vec<StepMetrics>,
+    pub peak_rss_bytes: Vec<u64>,
+    /// Expert placement per MoE layer of the whole model.
+    pub placements: Vec<ExpertPlacement>,
+    /// Seconds this rank took to load its part of the resumed checkpoint.
+    pub resume_seconds: Option<f64>,
+    /// Where the steady steps' time went on this rank, when the run profiles ([`super::profile`]).
+    pub profile: Option<StepProfile>,
+}
+
+impl Trained {
+    /// The run's summary against `plan` (`flops_per_token` converts tokens/s into the platform MFU).
+    pub fn summary(&self, plan: &RunPlan, flops_per_token: f64) -> RunSummary {
+        let placements = self.placements.iter().map(ExpertPlacement::ranks_of).collect();
+        RunSummary::new(plan, &self.metrics, &self.peak_rss_bytes, placements, flops_per_token)
+    }
+}
+
+impl Job<'_> {
+    /// Checks the job before any allocation: the plan against the run, model and ranks; the model config
+    /// against the spec; the data against the vocabulary; the checkpoint to resume against the model and
+    /// seed; the memory the plan needs against this machine. [`execute`](super::execute) calls it first;
+    /// callers may call it earlier (before printing anything).
+    pub fn check(&self, corpus: &dyn Corpus) -> Result<()> {
+        check_plan(self.plan, self.spec, self.run, self.world.size())?;
+        check_token_reductions(self.device, self.micro_batch_tokens()?)?;
+        self.check_model_and_data(corpus)?;
+        self.checkpoint.validate()?;
+        if self.resume.is_some() && self.init_hf.is_some() {
+            return Err(RuntimeError::invalid("--init-hf and --resume", "both give the weights; pass one"));
+        }
+        if let Some(r) = self.resume {
+            self.check_resume(r)?;
+        }
+        let me = self.world.rank();
+        let on_node = self.topo.node_of.iter().filter(|n| **n == self.topo.node_of[me]).count();
+        check_fits_machine(self.plan, on_node)
+    }
+
+    /// Tokens of one micro-batch on one rank.
+    fn micro_batch_tokens(&self) -> Result<usize> {
+        let layout = self.plan.layout();
+        let sequences =
+            (self.plan.global_batch / (layout.ep * layout.dp * self.plan.num_micro_batches).max(1)) as usize;
+        sequences.checked_mul(self.run.seq_len).ok_or_else(|| {
+            RuntimeError::invalid(
+                "--batch-size × --seq-len",
+                format!("overflows: {sequences} sequences of {}", self.run.seq_len),
+            )
+        })
+    }
+
+    /// The Burn model is the spec's, the data fits its vocabulary, the topology is the job's.
+    fn check_model_and_data(&self, corpus: &dyn Corpus) -> Result<()> {
+        if self.model.layers.len() as u64 != self.spec.num_layers {
+            return Err(RuntimeError::invalid(
+                "the Burn model",
+                format!(
+                    "has {} layers but the spec {} has {}",
+                    self.model.layers.len(),
+                    self.spec.name,
+                    self.spec.num_layers
+                ),
+            ));
+        }
+        if corpus.vocab_size() > self.model.vocab_size {
+            return Err(RuntimeError::invalid(
+                "the data",
+                format!(
+                    "uses {} token ids but the model's vocabulary has {}",
+                    corpus.vocab_size(),
+                    self.model.vocab_size
+                ),
+            ));
+        }
+        let experts = self.spec.num_experts();
+        if self.run.hot_experts as u64 > experts {
+            return Err(RuntimeError::invalid(
+                "--hot-experts",
+                format!("{}: the model has {experts} routed experts", self.run.hot_experts),
+            ));
+        }
+        if self.topo.world_size() != self.world.size() {
+            return Err(RuntimeError::invalid(
+                "the topology",
+                format!("describes {} ranks but the job has {}", self.topo.world_size(), self.world.size()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The checkpoint holds this model, was drawn with this seed, and has steps left to train.
+    fn check_resume(&self, r: &Resume) -> Result<()> {
+        let config = serde_json::to_string(self.model).map_err(RuntimeError::json("model config"))?;
+        r.manifest.check_model(&r.folder, self.spec, &config).map_err(|e| RuntimeError::from(e).under("--resume"))?;
+        if r.manifest.seed != self.run.seed {
+            let why = format!(
+                "the checkpoint was trained with --seed {}, this run has --seed {} (the seed draws the data); pass --seed {}",
+                r.manifest.seed, self.run.seed, r.manifest.seed
+            );
+            return Err(RuntimeError::file("--resume", &r.folder, why));
+        }
+        if r.manifest.step as usize >= self.run.steps {
+            let why = format!(
+                "the checkpoint is at step {}, and --steps {} is the run's total: nothing to train (raise --steps)",
+                r.manifest.step, self.run.steps
+            );
+            return Err(RuntimeError::file("--resume", &r.folder, why));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,15 @@
+//! What a run tells its user. Data flows one way: the executor produces [`StepMetrics`] for every step
+//! and a [`Trained`](super::Trained) at the end; the reporters only read them.
+//! - [`metrics`]: the per-step record and the events inside it (migrations, checkpoints), and the
+//!   JSON-lines file (`--metrics`);
+//! - [`progress`]: the progress bar or log lines on rank 0;
+//! - [`summary`]: the run's opening description, the summary (`--summary FILE.json`) and the
+//!   plan-versus-measured report.
+
+pub mod metrics;
+pub mod progress;
+pub mod summary;
+
+pub use metrics::{MetricsFile, MigrationEvent, SavedCheckpoint, StepMetrics};
+pub use progress::{ReportOptions, Reporter};
+pub use summary::{RunSummary, SummaryLayout, describe_run};

@@ -1,0 +1,135 @@
+//! The progress of a run on rank 0: a progress bar (loss, tokens/s, GFLOP/s, MFU) with the run's lines
+//! in its scroll-back, or plain lines every `--log-every` steps; and the `--metrics` file.
+
+use std::path::PathBuf;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::metrics::{MetricsFile, StepMetrics};
+use crate::runtime::error::{Result, RuntimeError};
+
+/// Where the per-step output goes.
+#[derive(Clone, Debug, Default)]
+pub struct ReportOptions {
+    /// One JSON line per step (rank 0).
+    pub metrics: Option<PathBuf>,
+    /// A log line every N steps (0: none).
+    pub log_every: usize,
+    /// A progress bar (else plain lines).
+    pub progress: bool,
+    /// The first step this run trains (a resumed run's): an existing metrics file keeps its lines of
+    /// earlier steps and continues after them.
+    pub first_step: usize,
+}
+
+/// Shows each step on rank 0 and records it in the metrics file; other ranks' reporters are silent.
+pub struct Reporter {
+    lead: bool,
+    steps: usize,
+    bar: ProgressBar,
+    metrics: Option<MetricsFile>,
+    options: ReportOptions,
+}
+
+impl Reporter {
+    /// Checks where the metrics file goes (rank 0; the error names `--metrics`); it is written from the
+    /// first step on.
+    pub fn new(options: ReportOptions, rank: usize, steps: usize) -> Result<Self> {
+        let lead = rank == 0;
+        let metrics = match options.metrics.clone().filter(|_| lead) {
+            Some(path) => Some(
+                MetricsFile::new(path.clone(), options.first_step)
+                    .map_err(|why| RuntimeError::file("--metrics", &path, why))?,
+            ),
+            None => None,
+        };
+        let bar = if options.progress && lead { ProgressBar::new(steps as u64) } else { ProgressBar::hidden() };
+        bar.set_position(options.first_step as u64);
+        bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"));
+        Ok(Reporter { lead, steps, bar, metrics, options })
+    }
+
+    /// Rank 0: a line in the bar's scroll-back (or on stdout without a bar).
+    pub fn println(&self, line: &str) {
+        if self.lead {
+            if self.options.progress { self.bar.println(line) } else { println!("{line}") }
+        }
+    }
+
+    /// One step: the bar, the metrics line, and the lines of its checkpoint, migrations and log.
+    pub fn observe(&mut self, m: &StepMetrics) {
+        if !self.lead {
+            return;
+        }
+        self.bar.inc(1);
+        self.bar.set_message(format!(
+            "loss {:.4} | {:.0} tok/s | {:.2} GFLOP/s | MFU {:.1}%",
+            m.loss,
+            m.tokens_per_s,
+            m.flops_per_s / 1e9,
+            100.0 * m.mfu
+        ));
+        if let Some(f) = self.metrics.as_mut() {
+            f.write(m);
+        }
+        for line in event_lines(m) {
+            self.println(&line);
+        }
+        let every = self.options.log_every;
+        if every > 0 && (m.step.is_multiple_of(every) || m.step + 1 == self.steps) {
+            self.println(&step_line(m));
+        }
+    }
+
+    /// Clears the bar and flushes the metrics file.
+    pub fn finish(self) -> Result<()> {
+        self.bar.finish_and_clear();
+        match self.metrics.map(MetricsFile::finish) {
+            Some(Err(e)) => Err(RuntimeError::invalid("--metrics:", e)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The lines of a step's checkpoint and expert migrations.
+fn event_lines(m: &StepMetrics) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(c) = &m.checkpoint {
+        lines.push(format!(
+            "step {:>5}  checkpoint: {} ({:.1} MiB) in {:.2} s",
+            m.step,
+            c.folder.display(),
+            c.bytes as f64 / (1u64 << 20) as f64,
+            c.seconds
+        ));
+    }
+    for e in &m.migration {
+        lines.push(format!(
+            "step {:>5}  migration: MoE layer {} moved {} experts ({} swaps, {:.1} KiB) in {:.2} ms ({:.2} ms predicted); rank load max/mean {:.2} → {:.2}",
+            m.step,
+            e.layer,
+            e.experts_moved,
+            e.swaps,
+            e.bytes / 1024.0,
+            e.seconds * 1e3,
+            e.predicted_seconds * 1e3,
+            e.imbalance_before,
+            e.imbalance_after
+        ));
+    }
+    lines
+}
+
+/// The periodic log line: loss, learning rate, tokens/s, expert load per layer and per rank.
+fn step_line(m: &StepMetrics) -> String {
+    let fmt = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(", ");
+    format!(
+        "step {:>5}  loss {:.4}  lr {:.2e}  {:.0} tok/s  expert load max/mean per layer [{}]  per rank [{}]",
+        m.step,
+        m.loss,
+        m.lr,
+        m.tokens_per_s,
+        fmt(&m.expert_load),
+        fmt(&m.rank_load_max_mean)
+    )
+}

@@ -1,0 +1,215 @@
+//! The run's opening description, its summary (`--summary FILE.json`, rank 0, written atomically) and
+//! the plan-versus-measured lines it ends with.
+
+use std::path::Path;
+
+use piper_planner::atomic::write_atomic;
+use piper_planner::run_plan::{Predicted, RunPlan};
+use serde::Serialize;
+
+use super::metrics::StepMetrics;
+use crate::runtime::error::{Result, RuntimeError};
+
+/// `{"pp", "ep", "dp"}` of the summary.
+#[derive(Clone, Debug, Serialize)]
+pub struct SummaryLayout {
+    pub pp: u64,
+    pub ep: u64,
+    pub dp: u64,
+}
+
+/// The run summary (`--summary FILE.json`), rank 0.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunSummary {
+    pub layout: SummaryLayout,
+    pub micro_batches: u64,
+    pub schedule: String,
+    pub all_to_all: String,
+    pub steps: usize,
+    /// Median over the steps after the first three (allocation, warm-up).
+    pub step_time_median_s: f64,
+    pub tokens_per_s: f64,
+    /// Against the platform's peak (the planner's basis, comparable with `predicted.mfu`).
+    pub mfu: f64,
+    /// Against the peak measured on this machine at start-up.
+    pub mfu_measured_peak: f64,
+    pub peak_rss_bytes: Vec<u64>,
+    pub bubble_measured: Option<f64>,
+    pub predicted: Predicted,
+    pub predicted_peak_memory_bytes: f64,
+    /// Expert migrations over the run, their total wall time and its share of the run's time.
+    pub migrations: usize,
+    pub migration_seconds: f64,
+    pub migration_share: f64,
+    /// Final expert → rank placement of every MoE layer (after migrations).
+    pub placement: Vec<Vec<u64>>,
+    /// Mean loss of the last (up to) 10 steps.
+    pub final_loss: f64,
+    pub first_loss: f64,
+    pub platform: String,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) }
+}
+
+impl RunSummary {
+    /// From the plan and what the run left: the metrics of every step, each rank's peak RSS and the final
+    /// placement of every MoE layer (expert → rank). `flops_per_token` converts tokens/s into the
+    /// platform MFU.
+    pub fn new(
+        plan: &RunPlan,
+        metrics: &[StepMetrics],
+        peak_rss_bytes: &[u64],
+        placements: Vec<Vec<u64>>,
+        flops_per_token: f64,
+    ) -> Self {
+        // fold from +0.0: an empty f64 `sum()` is −0.0.
+        let migration_seconds = metrics.iter().flat_map(|m| &m.migration).map(|e| e.seconds).fold(0.0, |a, b| a + b);
+        let run_seconds: f64 = metrics.iter().map(|m| m.step_time_s).sum::<f64>() + migration_seconds;
+        let steady = &metrics[metrics.len().min(3).min(metrics.len().saturating_sub(1))..];
+        let step_time = median(steady.iter().map(|m| m.step_time_s).collect());
+        let tokens_per_s = median(steady.iter().map(|m| m.tokens_per_s).collect());
+        // The platform's peak per GPU: the plan's achieved TFLOP/s over its MFU.
+        let platform_peak =
+            if plan.predicted.mfu > 0.0 { plan.predicted.tflops_per_gpu * 1e12 / plan.predicted.mfu } else { f64::NAN };
+        let tail = &metrics[metrics.len().saturating_sub(10)..];
+        RunSummary {
+            layout: SummaryLayout { pp: plan.pp, ep: plan.ep, dp: plan.dp },
+            micro_batches: plan.num_micro_batches,
+            schedule: plan.schedule.name().into(),
+            all_to_all: plan.all_to_all.name().into(),
+            steps: metrics.len(),
+            step_time_median_s: step_time,
+            tokens_per_s,
+            mfu: tokens_per_s * flops_per_token / (plan.gpus as f64 * platform_peak),
+            mfu_measured_peak: median(steady.iter().map(|m| m.mfu).collect()),
+            peak_rss_bytes: peak_rss_bytes.to_vec(),
+            migrations: metrics.iter().map(|m| m.migration.len()).sum(),
+            migration_seconds,
+            migration_share: if run_seconds > 0.0 { migration_seconds / run_seconds } else { 0.0 },
+            placement: placements,
+            bubble_measured: (plan.pp > 1).then(|| median(steady.iter().filter_map(|m| m.bubble).collect())),
+            predicted: plan.predicted.clone(),
+            predicted_peak_memory_bytes: plan.predicted.peak_memory_bytes(),
+            final_loss: tail.iter().map(|m| m.loss).sum::<f64>() / tail.len().max(1) as f64,
+            first_loss: metrics.first().map_or(f64::NAN, |m| m.loss),
+            platform: plan.platform.clone(),
+        }
+    }
+
+    /// Predicted beside measured, one line each.
+    pub fn plan_vs_measured(&self) -> Vec<String> {
+        let err = |measured: f64, predicted: f64| 100.0 * (predicted - measured) / measured;
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        let p = &self.predicted;
+        let rss = self.peak_rss_bytes.iter().copied().max().unwrap_or(0) as f64;
+        let mut lines = vec![
+            format!(
+                "plan vs measured ({} platform): step {:.2} ms predicted, {:.2} ms measured ({:+.0}%); {:.0} tokens/s predicted, {:.0} measured ({:+.0}%)",
+                self.platform,
+                p.step_time_s * 1e3,
+                self.step_time_median_s * 1e3,
+                err(self.step_time_median_s, p.step_time_s),
+                p.tokens_per_s,
+                self.tokens_per_s,
+                err(self.tokens_per_s, p.tokens_per_s)
+            ),
+            format!(
+                "memory per rank: {:.3} GiB predicted (incl. the platform's framework overhead), {:.3} GiB peak RSS measured (largest rank, {:+.0}%)",
+                gib(self.predicted_peak_memory_bytes),
+                gib(rss),
+                err(rss, self.predicted_peak_memory_bytes)
+            ),
+            format!(
+                "MFU against the platform's peak: {:.1}% predicted, {:.1}% measured",
+                100.0 * p.mfu,
+                100.0 * self.mfu
+            ),
+        ];
+        if self.migrations > 0 {
+            lines.push(format!(
+                "expert migration: {} layer moves, {:.3} s in all ({:.2}% of the run)",
+                self.migrations,
+                self.migration_seconds,
+                100.0 * self.migration_share
+            ));
+        }
+        if let Some(b) = self.bubble_measured {
+            lines.push(format!(
+                "pipeline bubble: {:.1}% predicted, {:.1}% measured",
+                100.0 * p.bubble_fraction,
+                100.0 * b
+            ));
+        }
+        lines
+    }
+
+    /// Writes the summary as JSON, atomically.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let json = serde_json::to_string_pretty(self).map_err(RuntimeError::json("summary"))?;
+        write_atomic(path, json.as_bytes()).map_err(|e| RuntimeError::file("--summary", path, e))
+    }
+}
+
+/// The lines a run starts with: the model, the data, the backend's measured peak and the plan.
+pub fn describe_run(
+    spec: &piper_planner::model::ModelSpec,
+    plan: &RunPlan,
+    data: &str,
+    backend: &str,
+    peak_flops: f64,
+) -> Vec<String> {
+    use piper_planner::model::{active_params, param_breakdown, training_flops_per_token};
+    let p = &plan.predicted;
+    vec![
+        format!(
+            "model {}: {} layers, d={}, {} params ({} active per token), {:.2} MFLOP/token (train, Megatron convention)",
+            spec.name,
+            spec.num_layers,
+            spec.hidden_size,
+            param_breakdown(spec).total(),
+            active_params(spec),
+            training_flops_per_token(spec, plan.seq_len).total() / 1e6
+        ),
+        format!("data: {data}"),
+        format!(
+            "backend {backend}; measured peak (f32 GEMM 1024³) {:.1} GFLOP/s — MFU is relative to it",
+            peak_flops / 1e9
+        ),
+        format!(
+            "plan ({} platform): PP={} × EP={} × DP={}, {} micro-batches ({}), split {:?}, {} all-to-all, global batch {}; predicted step {:.2} ms, {:.0} tokens/s, bubble {:.1}%, peak memory {:.3} GiB, MFU {:.1}%",
+            plan.platform,
+            plan.pp,
+            plan.ep,
+            plan.dp,
+            plan.num_micro_batches,
+            plan.schedule.name(),
+            plan.split().0,
+            plan.all_to_all.name(),
+            plan.global_batch,
+            p.step_time_s * 1e3,
+            p.tokens_per_s,
+            100.0 * p.bubble_fraction,
+            p.peak_memory_bytes() / (1u64 << 30) as f64,
+            100.0 * p.mfu
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_even_and_odd_counts() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(vec![]).is_nan());
+    }
+}

@@ -1,0 +1,142 @@
+//! One training step of a rank: its stage's instructions, one all-reduce over the world of the losses,
+//! the bubble and every layer's tokens per expert (so every rank reports the same numbers), the router
+//! biases' update from that load, the expert migrations the window calls for, and the checkpoint the
+//! step ends with.
+
+use std::time::Instant;
+
+use piper_planner::checkpoint::MigrationWindow;
+use piper_planner::migration::imbalance;
+
+use super::checkpoint::{RunState, save};
+use super::error::{Result, RuntimeError};
+use super::job::Job;
+use super::migration::migrate;
+use super::report::{MigrationEvent, SavedCheckpoint, StepMetrics};
+use super::setup::RankRun;
+use super::stage::StepState;
+use crate::corpus::Corpus;
+
+/// What a step's all-reduce brings back, the same on every rank.
+struct StepTotals {
+    /// Mean cross-entropy over the replicas, the router-loss terms, the bubble summed over ranks.
+    loss: f64,
+    router: f64,
+    bubble: f64,
+    /// Tokens per expert of every MoE layer of the model.
+    counts: Vec<Vec<usize>>,
+}
+
+impl RankRun<'_> {
+    /// Trains step `step` and returns its metrics (the migration and checkpoint not yet filled in) and
+    /// every MoE layer's tokens per expert.
+    pub fn train_step(
+        &mut self,
+        job: &Job,
+        corpus: &mut dyn Corpus,
+        step: usize,
+    ) -> Result<(StepMetrics, Vec<Vec<usize>>)> {
+        let run = job.run;
+        let start = Instant::now();
+        let mut state = self.stage.begin_step(corpus.batch(run.global_batch, run.seq_len + 1), self.micro_batches);
+        for instr in &self.stream {
+            self.stage.run(*instr, &mut state, run.learning_rate(step))?;
+        }
+        let totals = self.all_reduce(job, &state)?;
+        if !totals.loss.is_finite() {
+            return Err(RuntimeError::Diverged { step, loss: totals.loss });
+        }
+        let s = &self.stage.shape;
+        let mine = &totals.counts[s.first_moe..s.first_moe + self.stage.model.num_moe_layers()];
+        self.stage.model = self.stage.model.clone().update_router_biases(mine, run.bias_update_rate);
+        let metrics = self.metrics(job, step, start.elapsed().as_secs_f64(), &totals, state.grad_norm);
+        Ok((metrics, totals.counts))
+    }
+
+    /// One all-reduce over the world: losses, busy fraction, and every layer's tokens per expert.
+    fn all_reduce(&self, job: &Job, state: &StepState) -> Result<StepTotals> {
+        let (m, s) = (self.micro_batches, &self.stage.shape);
+        let idle = 1.0 - state.busy / state.makespan.max(1e-12);
+        let mut sums = vec![state.ce_sum / m as f32, state.router_sum, idle as f32];
+        sums.extend_from_slice(&state.load);
+        job.world.all_reduce_sum_f32(&mut sums, "loss and load all-reduce")?;
+        let counts =
+            sums[3..].chunks(s.experts.max(1)).map(|c| c.iter().map(|x| x.round() as usize).collect()).collect();
+        Ok(StepTotals {
+            loss: sums[0] as f64 / s.replicas as f64,
+            router: sums[1] as f64,
+            bubble: sums[2] as f64,
+            counts,
+        })
+    }
+
+    fn metrics(&self, job: &Job, step: usize, dt: f64, totals: &StepTotals, grad_norm: f64) -> StepMetrics {
+        let tokens_per_step = (job.run.global_batch * job.run.seq_len) as f64;
+        let flops_per_s = job.flops_per_token * tokens_per_step / dt;
+        let ranks = job.world.size() as f64;
+        // Max / mean (the planner's measure of imbalance, 1 for an idle group).
+        let max_mean = |v: &[usize]| imbalance(&v.iter().map(|x| *x as f64).collect::<Vec<_>>());
+        StepMetrics {
+            step,
+            loss: totals.loss,
+            total_loss: totals.loss + totals.router,
+            lr: job.run.learning_rate(step),
+            grad_norm,
+            tokens_per_s: tokens_per_step / dt,
+            flops_per_s,
+            mfu: flops_per_s / (job.peak_flops * ranks),
+            expert_load: totals.counts.iter().map(|c| max_mean(c)).collect(),
+            rank_load_max_mean: totals
+                .counts
+                .iter()
+                .zip(&self.placements)
+                .map(|(c, p)| max_mean(&p.rank_load(c)))
+                .collect(),
+            step_time_s: dt,
+            bubble: (job.plan.pp > 1).then(|| totals.bubble / ranks),
+            migration: Vec::new(),
+            checkpoint: None,
+        }
+    }
+
+    /// Adds the step's load to the migration window and, at its end, moves the experts it calls for.
+    pub fn migrate(&mut self, job: &Job, counts: &[Vec<usize>]) -> Result<Vec<MigrationEvent>> {
+        let Some(migrator) = self.migrator.as_mut() else { return Ok(Vec::new()) };
+        migrator.observe(counts);
+        let model = self.stage.model.clone();
+        let (s, optim) = (&self.stage.shape, &mut self.stage.optim);
+        let (moved, events) =
+            migrate(migrator, model, &mut self.placements, optim, job.world, &self.coords, s.first_moe, s.replicas)?;
+        self.stage.model = moved;
+        Ok(events)
+    }
+
+    /// Saves a checkpoint after step `step` when the settings call for one (every N steps and after the
+    /// last): the model, the optimizer, the data position, the placements and the migration window.
+    pub fn save_if_due(&self, job: &Job, corpus: &dyn Corpus, step: usize) -> Result<Option<SavedCheckpoint>> {
+        let Some(dir) = job.checkpoint.dir.as_deref().filter(|_| job.checkpoint.saves_after(step, job.run.steps))
+        else {
+            return Ok(None);
+        };
+        let window = self.migrator.as_ref().map(|m| {
+            let (steps, counts) = m.window();
+            MigrationWindow { steps: steps as u64, counts: counts.to_vec() }
+        });
+        let state = RunState {
+            step: step as u64 + 1,
+            model_config: &self.model_json,
+            seed: job.run.seed,
+            plan: job.plan,
+            data: corpus.position(),
+            placements: &self.placements,
+            window,
+        };
+        let started = Instant::now();
+        let folder =
+            save(job.world, &self.stage.model, &self.stage.optim, &self.share, &state, dir, job.checkpoint.keep)?;
+        let bytes = std::fs::read_dir(&folder)
+            .map(|d| d.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
+            .unwrap_or(0);
+        Ok(Some(SavedCheckpoint { folder, bytes, seconds: started.elapsed().as_secs_f64() }))
+    }
+}

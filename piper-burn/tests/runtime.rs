@@ -1,0 +1,369 @@
+//! The runtime on in-process ranks (threads, the real exchange code): every layout of the plan — EP,
+//! EP × DP (HALO across emulated nodes), DP, PP with 1F1B and GPipe, PP × EP, PP × DP — trains the same
+//! model as one process, with default flags (global load-balancing loss, global-norm clipping), to 1e-4
+//! relative per step; a plan file drives a run; bad plans and disagreeing ranks are refused before any
+//! work. (The multi-process versions run `mixtral_train` under mpirun: tests/parallel_mpirun.rs.)
+
+use burn::prelude::*;
+use piper_burn::CausalLmConfig;
+use piper_burn::corpus::Grammar;
+use piper_burn::runtime::checkpoint::CheckpointSettings;
+use piper_burn::runtime::{self, Job, LayoutFlags, RunConfig, StepMetrics};
+use piper_comm::{Communicator, LocalComm, LocalWorld, Topology};
+use piper_planner::comm::A2aAlgo;
+use piper_planner::layout::{Layout, Schedule};
+use piper_planner::model::preset;
+use piper_planner::run_plan::RunPlan;
+use piper_test_support::{assert_close, assert_close_scaled};
+
+fn config() -> RunConfig {
+    RunConfig::new().with_steps(8).with_global_batch(8).with_seq_len(15).with_lr(1e-2).with_warmup_steps(2).with_seed(5)
+}
+
+fn flags(pp: u64, ep: u64, dp: u64, m: usize, schedule: Schedule, algo: A2aAlgo) -> LayoutFlags {
+    LayoutFlags { layout: Layout { pp, ep, dp }, micro_batches: m, schedule, split: None, all_to_all: algo }
+}
+
+fn plan_for(flags: &LayoutFlags, ranks: usize, run: &RunConfig) -> Result<RunPlan, String> {
+    let spec = preset("tiny").unwrap();
+    let platform = piper_planner::platform::preset("local").unwrap();
+    runtime::plan_from_flags(&spec, &platform, run, flags, ranks).map_err(|e| e.to_string())
+}
+
+/// Runs `plan` on this rank with the `tiny` model on the seeded grammar (emulated nodes of `per_node` ranks).
+fn execute(
+    world: &dyn Communicator,
+    plan: &RunPlan,
+    run: &RunConfig,
+    per_node: usize,
+    zero_router: bool,
+) -> Result<runtime::Trained, String> {
+    let spec = preset("tiny").unwrap();
+    let mut model = CausalLmConfig::from_spec(&spec).unwrap();
+    model.zero_router = zero_router;
+    let topo = Topology::uniform(world.size(), per_node).unwrap();
+    let device = Device::flex();
+    let platform = piper_planner::platform::preset("local").unwrap();
+    let job = Job {
+        spec: &spec,
+        model: &model,
+        run,
+        plan,
+        world,
+        topo: &topo,
+        platform: &platform,
+        device: &device,
+        flops_per_token: 1.0,
+        peak_flops: 1.0,
+        checkpoint: &CheckpointSettings::default(),
+        resume: None,
+        init_hf: None,
+    };
+    runtime::execute(&job, &mut Grammar::new(32, 3, 9), |_| {}).map_err(|e| e.to_string())
+}
+
+fn train(
+    world: &dyn Communicator,
+    plan: &RunPlan,
+    run: &RunConfig,
+    per_node: usize,
+) -> Result<Vec<StepMetrics>, String> {
+    execute(world, plan, run, per_node, false).map(|t| t.metrics)
+}
+
+fn losses(metrics: &[StepMetrics]) -> Vec<f64> {
+    metrics.iter().map(|m| m.loss).collect()
+}
+
+/// One process with `m` micro-batches (gradient accumulation): what a layout with `m` micro-batches equals.
+fn one_process_m(run: &RunConfig, m: usize) -> Vec<f64> {
+    let plan = plan_for(&LayoutFlags { micro_batches: m, ..LayoutFlags::single() }, 1, run).unwrap();
+    losses(&train(&LocalComm::single(), &plan, run, 1).unwrap())
+}
+
+fn one_process(run: &RunConfig) -> Vec<f64> {
+    one_process_m(run, 1)
+}
+
+#[test]
+fn micro_batches_only_change_what_the_load_balancing_loss_sees() {
+    // Without the load-balancing loss, gradient accumulation over 4 micro-batches is the full batch.
+    let run = config().with_aux_loss_coef(0.0);
+    let worst = assert_close("M=4 vs M=1, no aux loss", &one_process_m(&run, 4), &one_process(&run), 1e-5);
+    eprintln!("M=4 vs M=1 without the aux loss: {worst:e}");
+}
+
+#[test]
+fn one_process_learns_and_the_same_seed_gives_the_same_losses() {
+    let run = config().with_steps(20);
+    let a = one_process(&run);
+    assert_eq!(a.len(), 20);
+    assert!(a[19] < a[0] - 0.5, "the loss must fall: {a:?}");
+    assert_eq!(a, one_process(&run));
+    assert_ne!(a[1..], one_process(&run.clone().with_seed(6))[1..]);
+}
+
+#[test]
+fn every_layout_equals_one_process_with_default_flags() {
+    let run = config();
+    let cases = [
+        (flags(1, 4, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), 2),
+        (flags(1, 2, 2, 1, Schedule::OneFOneB, A2aAlgo::Halo), 1), // expert groups across two "nodes"
+        (flags(1, 2, 2, 1, Schedule::OneFOneB, A2aAlgo::Pairwise), 2),
+        (flags(1, 1, 4, 1, Schedule::OneFOneB, A2aAlgo::Flat), 2),
+        (flags(2, 1, 1, 4, Schedule::OneFOneB, A2aAlgo::Flat), 2),
+        (flags(2, 1, 1, 2, Schedule::GPipe, A2aAlgo::Flat), 2),
+        (flags(2, 2, 1, 2, Schedule::OneFOneB, A2aAlgo::Flat), 2),
+        (flags(2, 1, 2, 2, Schedule::OneFOneB, A2aAlgo::Flat), 2),
+    ];
+    for (f, per_node) in cases {
+        let ranks = f.layout.gpus() as usize;
+        let plan = plan_for(&f, ranks, &run).unwrap();
+        let runs = LocalWorld::run(ranks, |c| losses(&train(&c, &plan, &run, per_node).unwrap()));
+        for r in &runs {
+            assert_eq!(r, &runs[0], "every rank reports the same losses");
+        }
+        let single = one_process_m(&run, f.micro_batches);
+        let worst = assert_close(&format!("{:?}", f), &runs[0], &single, 1e-4);
+        eprintln!(
+            "{:?} M={} {:?} {:?}: worst relative difference {worst:e}",
+            f.layout, f.micro_batches, f.schedule, f.all_to_all
+        );
+    }
+}
+
+#[test]
+fn a_plan_file_drives_the_run() {
+    let run = config().with_steps(4);
+    let plan = plan_for(&flags(2, 2, 1, 2, Schedule::OneFOneB, A2aAlgo::Flat), 4, &run).unwrap();
+    let path = std::env::temp_dir().join(format!("piper-plan-{}.json", std::process::id()));
+    std::fs::write(&path, serde_json::to_string_pretty(&plan).unwrap()).unwrap();
+    let loaded = RunPlan::load(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(loaded, plan);
+    let from_file = LocalWorld::run(4, |c| losses(&train(&c, &loaded, &run, 2).unwrap()));
+    let from_flags = LocalWorld::run(4, |c| losses(&train(&c, &plan, &run, 2).unwrap()));
+    assert_eq!(from_file, from_flags);
+}
+
+#[test]
+fn plans_that_do_not_fit_the_run_are_refused_naming_the_field() {
+    let run = config();
+    let plan = plan_for(&flags(1, 2, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), 2, &run).unwrap();
+    let refusal = |p: &RunPlan, r: &RunConfig, ranks: usize| {
+        LocalWorld::run(ranks, |c| train(&c, p, r, 2).expect_err("refused"))[0].clone()
+    };
+    assert!(refusal(&plan, &run, 4).contains("`gpus` is 2 but the job has 4 ranks"));
+    assert!(refusal(&plan, &run.clone().with_seq_len(31), 2).contains("`seq_len` is 15 but --seq-len is 31"));
+    assert!(
+        refusal(&plan, &run.clone().with_global_batch(16), 2).contains("`global_batch` is 8 but --batch-size is 16")
+    );
+    let mut other = plan.clone();
+    other.model = "tiny-qwen3".into();
+    assert!(refusal(&other, &run, 2).contains("`model` is `tiny-qwen3` but the run trains `tiny`"));
+    let mut recompute = plan.clone();
+    recompute.recompute = piper_planner::layout::Recompute::Full;
+    assert!(refusal(&recompute, &run, 2).contains("does not recompute"));
+    let mut bf16 = plan.clone();
+    bf16.dtype = "bf16".into();
+    assert!(refusal(&bf16, &run, 2).contains("trains in fp32"));
+    // Layout flags that cannot work.
+    let err = plan_for(&flags(1, 2, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), 4, &run).unwrap_err();
+    assert!(err.contains("--pp 1 × --ep 2 × --dp 1 = 2 ranks, but the job has 4"), "{err}");
+    let err = plan_for(&flags(1, 3, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), 3, &run).unwrap_err();
+    assert!(err.contains("`--ep` EP = 3 must divide the 8 routed experts"), "{err}");
+    let err = plan_for(&flags(2, 1, 1, 3, Schedule::OneFOneB, A2aAlgo::Flat), 2, &run).unwrap_err();
+    assert!(err.contains("--batch-size 8 must be divisible by EP·DP·micro-batches = 1·1·3"), "{err}");
+    let err = plan_for(&LayoutFlags::single(), 1, &run.clone().with_steps(0)).unwrap_err();
+    assert!(err.contains("--steps is 0"), "{err}");
+}
+
+#[test]
+fn ranks_that_disagree_are_stopped_before_the_first_step() {
+    let run = config().with_steps(2);
+    let plan = plan_for(&flags(1, 1, 2, 1, Schedule::OneFOneB, A2aAlgo::Flat), 2, &run).unwrap();
+    let errs = LocalWorld::run(2, |c| {
+        let mine = if c.rank() == 1 { run.clone().with_seed(99) } else { run.clone() };
+        train(&c, &plan, &mine, 2).expect_err("refused")
+    });
+    for e in errs {
+        assert!(e.contains("the seed of world rank(s) [1] differs from rank 0's"), "{e}");
+    }
+}
+
+#[test]
+fn metrics_report_the_load_per_expert_and_per_expert_rank() {
+    let run = config().with_steps(2);
+    let plan = plan_for(&flags(1, 2, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), 2, &run).unwrap();
+    let m = LocalWorld::run(2, |c| train(&c, &plan, &run, 2).unwrap()).remove(0);
+    // tiny: 2 MoE layers; max/mean over 8 experts and over 2 ranks is ≥ 1 and below the count.
+    for s in &m {
+        assert_eq!((s.expert_load.len(), s.rank_load_max_mean.len()), (2, 2));
+        assert!(s.expert_load.iter().all(|x| (1.0..=8.0).contains(x)), "{:?}", s.expert_load);
+        assert!(s.rank_load_max_mean.iter().all(|x| (1.0..=2.0).contains(x)), "{:?}", s.rank_load_max_mean);
+        assert!(s.rank_load_max_mean.iter().zip(&s.expert_load).all(|(r, e)| r <= e));
+    }
+}
+
+mod expert_parallel_block {
+    use std::sync::Arc;
+
+    use burn::module::Param;
+    use burn::tensor::Distribution;
+    use piper_burn::moe::MoeBlockConfig;
+    use piper_burn::moe::dispatcher::exchange::ExchangeGroup;
+    use piper_burn::moe::dispatcher::{AllToAllDispatcher, ExpertPlacement, SharedComm};
+    use piper_burn::moe::router::RouterConfig;
+    use piper_comm::{LocalWorld, Topology};
+    use piper_planner::comm::A2aAlgo;
+
+    use super::*;
+
+    fn values<const D: usize>(t: Tensor<D>) -> Vec<f64> {
+        t.into_data().convert::<f32>().try_into_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
+    }
+
+    /// An expert-parallel block (2 ranks) against the whole block on one rank: outputs and input
+    /// gradients, for a contiguous and a shuffled placement. With a zero router every token ties and
+    /// picks experts 0 and 1: under the contiguous placement rank 1's experts get no tokens and its rows of
+    /// the all-to-all are all empty.
+    #[test]
+    fn expert_parallel_blocks_equal_the_whole_block_including_ranks_without_tokens() {
+        for (placement, zero_router) in [(vec![0, 0, 1, 1], true), (vec![1, 0, 1, 0], false), (vec![1, 1, 0, 0], true)]
+        {
+            let results = LocalWorld::run(2, |c| {
+                let device = Device::flex().autodiff();
+                let config = MoeBlockConfig::new(RouterConfig::new(8, 4, 2), 6);
+                let mut full = {
+                    let _one = piper_burn::init_lock();
+                    device.seed(1);
+                    let block = config.init(&device);
+                    let _ =
+                        (block.experts.w_gate_edf.val(), block.experts.w_up_edf.val(), block.experts.w_down_efd.val());
+                    let _ = block.router.gate.weight.val();
+                    block
+                };
+                if zero_router {
+                    full.router.gate.weight = Param::from_tensor(Tensor::zeros([8, 4], &device));
+                }
+                let x = {
+                    let _one = piper_burn::init_lock();
+                    device.seed(2);
+                    Tensor::<3>::random([1, 5, 8], Distribution::Normal(0.0, 1.0), &device)
+                };
+                let x = Tensor::<3>::from_data(x.into_data(), &device).require_grad();
+                let rank = c.rank();
+                let group = ExchangeGroup::new(
+                    SharedComm::new(Box::new(c)),
+                    Arc::new(Topology::uniform(2, 2).unwrap()),
+                    A2aAlgo::Flat,
+                );
+                let dispatcher = Arc::new(AllToAllDispatcher { group, local_experts: 2, layer_group: None });
+                let placement = ExpertPlacement::new(placement.clone(), 2).unwrap();
+                let sharded = full.clone().with_routing(dispatcher, placement, rank);
+                let (y_ep, stats) = sharded.forward(x.clone());
+                let g_ep = x.grad(&y_ep.clone().sum().backward()).unwrap();
+                let (y_one, _) = full.forward(x.clone());
+                let g_one = x.grad(&y_one.clone().sum().backward()).unwrap();
+                (values(y_ep), values(y_one), values(g_ep), values(g_one), stats.tokens_per_expert)
+            });
+            for (y_ep, y_one, g_ep, g_one, load) in results {
+                if zero_router {
+                    assert_eq!(load, vec![5, 5, 0, 0], "experts 2 and 3 get no tokens");
+                }
+                assert_close("outputs", &y_ep, &y_one, 1e-5);
+                // The whole block runs dispatch, experts and combine as one operation, which applies the
+                // combine weight after `dout·Wdᵀ` where the sharded path applies it before: the same sums
+                // rounded in another order, and these gradients pass near zero — so relative to the
+                // largest.
+                assert_close_scaled("input gradients", &g_ep, &g_one, 1e-5);
+            }
+        }
+    }
+}
+
+mod migration {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// This rank's expert weights (gate, up, down) by (MoE layer, expert id), read through the placement.
+    type Experts = BTreeMap<(usize, usize), Vec<f64>>;
+
+    fn run_with(
+        world: &dyn Communicator,
+        plan: &RunPlan,
+        run: &RunConfig,
+        zero_router: bool,
+    ) -> (Vec<StepMetrics>, Experts) {
+        let trained = execute(world, plan, run, 2, zero_router).unwrap();
+        let (stage, _, ep) = plan.layout().coords(world.rank() as u64);
+        let first_moe = plan.stages[stage as usize].first_layer as usize; // every layer of `tiny` is MoE
+        let mut experts = Experts::new();
+        for (j, block) in trained.model.layers.iter().filter_map(|l| l.moe.as_ref()).enumerate() {
+            let layer = first_moe + j;
+            let mine = trained.placements[layer].experts_of(ep as usize);
+            let ws = [block.experts.w_gate_edf.val(), block.experts.w_up_edf.val(), block.experts.w_down_efd.val()];
+            let host: Vec<Vec<f32>> =
+                ws.into_iter().map(|w| w.into_data().convert::<f32>().try_into_vec().unwrap()).collect();
+            for (slot, e) in mine.iter().enumerate() {
+                let mut v = Vec::new();
+                for h in &host {
+                    let per = h.len() / mine.len();
+                    v.extend(h[slot * per..(slot + 1) * per].iter().map(|x| *x as f64));
+                }
+                experts.insert((layer, *e), v);
+            }
+        }
+        (trained.metrics, experts)
+    }
+
+    /// Threshold 1 (any imbalance) and a check every 3 steps force migrations; the loss curve and the
+    /// final expert weights (gathered by expert id) equal the run without migration.
+    #[test]
+    fn forced_migrations_preserve_the_function() {
+        let base = config().with_steps(10);
+        for (f, zero_router) in [
+            (flags(1, 2, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), false),
+            (flags(1, 4, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), false),
+            (flags(2, 2, 1, 2, Schedule::OneFOneB, A2aAlgo::Flat), false),
+            (flags(1, 2, 2, 1, Schedule::OneFOneB, A2aAlgo::Halo), false),
+            // Every token on experts 0 and 1 at first: swaps with experts that got no tokens.
+            (flags(1, 4, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), true),
+        ] {
+            let ranks = f.layout.gpus() as usize;
+            let plan = plan_for(&f, ranks, &base).unwrap();
+            let off_run = base.clone().with_migration(false);
+            let on_run = base.clone().with_migration_threshold(Some(1.0)).with_migration_every(Some(3));
+            let off = LocalWorld::run(ranks, |c| run_with(&c, &plan, &off_run, zero_router));
+            let on = LocalWorld::run(ranks, |c| run_with(&c, &plan, &on_run, zero_router));
+            let events: Vec<_> =
+                on[0].0.iter().flat_map(|m| m.migration.iter().map(move |e| (m.step, e.clone()))).collect();
+            assert!(!events.is_empty(), "{f:?}: no migration happened");
+            for (_, e) in &events {
+                assert!(e.experts_moved > 0 && e.imbalance_after <= e.imbalance_before, "{e:?}");
+                assert!(e.seconds.is_finite() && e.predicted_seconds > 0.0, "{e:?}");
+            }
+            // With a zero router, later top-k ties break on round-off: compare the steps up to the
+            // first one after the first migration.
+            let upto = if zero_router { events[0].0 + 2 } else { base.steps };
+            let (l_on, l_off) = (losses(&on[0].0), losses(&off[0].0));
+            let worst = assert_close(&format!("{f:?} losses"), &l_on[..upto], &l_off[..upto], 1e-5);
+            eprintln!(
+                "{:?} zero_router={zero_router}: {} migrations, worst loss difference {worst:e}",
+                f.layout,
+                events.len()
+            );
+            if !zero_router {
+                let gather = |runs: &[(Vec<StepMetrics>, Experts)]| -> Experts {
+                    runs.iter().flat_map(|(_, e)| e.clone()).collect()
+                };
+                let (w_on, w_off) = (gather(&on), gather(&off));
+                assert_eq!(w_on.keys().collect::<Vec<_>>(), w_off.keys().collect::<Vec<_>>());
+                for (k, v) in &w_on {
+                    assert_close_scaled(&format!("{f:?} expert {k:?}"), v, &w_off[k], 1e-5);
+                }
+            }
+        }
+    }
+}
