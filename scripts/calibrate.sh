@@ -53,7 +53,7 @@ echo "3/4 memory of eight short runs" >&2
 # (model, sequences, tokens per sequence): parameters (2.7M-16M), layer activations (longer sequences
 # grow the s² attention scores) and logits (vocabularies of 256 and 4096) varied independently; none is
 # a configuration bench-accuracy.sh checks.
-c=benches/configs
+c=benchmarks/configs
 runs=("$c/train-mixtral-s.json 8 63" "$c/train-mixtral-s.json 32 127" "$c/train-mixtral-s.json 8 255"
       "$c/train-qwen3-s.json 8 63" "$c/train-qwen3-m.json 4 127" "$c/train-deepseek-m.json 8 63"
       "tiny-qwen3 32 127" "tiny-deepseek 32 255")

@@ -5,7 +5,7 @@
 # ones (64 experts, top-6/8, expert FFN 128-512). One JSON line per (shape, round):
 # {"shape": name, "piper": {...}, "pytorch": {...}, "pytorch_over_piper_time": r}.
 #
-#   PYTHON=/path/to/venv/bin/python benches/moe_vs_pytorch.sh [ROUNDS] [OUT.jsonl]
+#   PYTHON=/path/to/venv/bin/python benchmarks/moe_vs_pytorch.sh [ROUNDS] [OUT.jsonl]
 # The Python environment needs torch and transformers (pip install torch transformers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +14,7 @@ if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
     echo "error: ROUNDS must be a positive integer (got '$rounds')" >&2
     exit 2
 fi
-out=${2:-bench-results/moe_vs_pytorch.jsonl}
+out=${2:-benchmarks/results/moe_vs_pytorch.jsonl}
 python=${PYTHON:-python3}
 declare -A shapes=(
     [coarse]="--tokens 2048 --hidden 512 --ffn 1024 --experts 8 --top-k 2 --iters 20"
@@ -35,7 +35,7 @@ for name in "${names[@]}"; do
     read -r -a shape <<<"${shapes[$name]}"
     for r in $(seq 1 "$rounds"); do
         "$bin" "${shape[@]}" --json "$tmp/piper.json" >/dev/null
-        "$python" benches/hf_moe_block_bench.py "${shape[@]}" --threads "$threads" --json "$tmp/hf.json" >/dev/null
+        "$python" benchmarks/pytorch/hf_moe_block_bench.py "${shape[@]}" --threads "$threads" --json "$tmp/hf.json" >/dev/null
         "$python" - "$name" "$tmp/piper.json" "$tmp/hf.json" >>"$out" <<'PY'
 import json, sys
 piper, hf = (json.load(open(p)) for p in sys.argv[2:4])

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Whole-model training, side by side: `mixtral_train` (Flex, the default CPU backend) and Hugging Face
-# transformers on PyTorch CPU (benches/hf_train_bench.py) on the same config.json, alternated ROUNDS
+# transformers on PyTorch CPU (benchmarks/pytorch/hf_train_bench.py) on the same config.json, alternated ROUNDS
 # times per config so both see the same machine state: f32, AdamW β 0.9/0.95 ε 1e-8 weight decay 0.1,
 # global-norm clipping at 1.0, load-balancing loss 0.01, BATCH × SEQ tokens per step, THREADS threads.
 # Each framework reports the dense GEMM rate it measures in the same process; GFLOP/s use the
 # planner's FLOPs per token (Megatron convention) for both. One JSON line per (config, round) in OUT.
 #
-#   PYTHON=/path/to/venv/bin/python benches/train_vs_pytorch.sh [ROUNDS] [OUT.jsonl]
+#   PYTHON=/path/to/venv/bin/python benchmarks/train_vs_pytorch.sh [ROUNDS] [OUT.jsonl]
 # The Python environment needs torch and transformers ≥ 5 (pip install torch transformers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,7 @@ if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
     echo "error: ROUNDS must be a positive integer (got '$rounds')" >&2
     exit 2
 fi
-out=${2:-bench-results/train_vs_pytorch.jsonl}
+out=${2:-benchmarks/results/train_vs_pytorch.jsonl}
 python=${PYTHON:-python3}
 if ! "$python" -c 'import torch, transformers' 2>/dev/null; then
     echo "error: $python cannot import torch and transformers; set PYTHON to a venv with both" >&2
@@ -34,14 +34,14 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 : >"$out"
 for c in $configs; do
-    config=benches/configs/train-$c.json
+    config=benchmarks/configs/train-$c.json
     "$target/piper" model --hf-config "$config" --seq-len "$seq" --json >"$tmp/model.json"
     for r in $(seq 1 "$rounds"); do
         "$target/examples/mixtral_train" --preset "$config" --steps "$steps" --batch-size "$batch" \
             --seq-len "$seq" --lr 3e-4 --warmup 2 --grad-clip 1 --aux-loss-coef 0.01 --no-progress \
             --log-every 0 --summary "$tmp/piper.json" >"$tmp/piper.log" 2>&1 ||
             { cat "$tmp/piper.log" >&2; exit 1; }
-        "$python" benches/hf_train_bench.py --config "$config" --batch "$batch" --seq "$seq" --steps "$steps" \
+        "$python" benchmarks/pytorch/hf_train_bench.py --config "$config" --batch "$batch" --seq "$seq" --steps "$steps" \
             --threads "$threads" --json "$tmp/hf.json" >/dev/null
         "$python" - "$c" "$r" "$tmp/model.json" "$tmp/piper.json" "$tmp/hf.json" >>"$out" <<'PY'
 import json, sys

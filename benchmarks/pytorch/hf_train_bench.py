@@ -1,10 +1,10 @@
-"""Hugging Face transformers training on PyTorch CPU — the baseline `benches/train_vs_pytorch.sh` runs
+"""Hugging Face transformers training on PyTorch CPU — the baseline `benchmarks/train_vs_pytorch.sh` runs
 beside `mixtral_train` on the same config.json: f32, AdamW (β 0.9/0.95, ε 1e-8, weight decay 0.1, the
 runtime's defaults), global-norm clipping at 1.0, the load-balancing loss at the config's coefficient,
 the same sequences × tokens per step and thread count. Also measures the dense GEMM rate of this
 PyTorch (a 2048³ matmul) in the same process.
 
-    python benches/hf_train_bench.py --config benches/configs/train-mixtral-m.json --batch 16 --seq 128 \
+    python benchmarks/pytorch/hf_train_bench.py --config benchmarks/configs/train-mixtral-m.json --batch 16 --seq 128 \
         --steps 12 --threads 2 --json out.json
 """
 import argparse

@@ -3,8 +3,8 @@
 # (experts 0..K−1 of every layer draw ~FACTOR× their share, all on rank 0 at first) with migration off
 # and with the plan's policy, alternating for ROUNDS rounds. Per run: median step time, the rank load
 # max/mean per layer over the second half, and every migration's measured and predicted seconds.
-# JSON lines in bench-results/migration.jsonl.
-#   cargo build --release --example mixtral_train --features mpi && scripts/bench-migration.sh
+# JSON lines in benchmarks/results/migration.jsonl.
+#   cargo build --release --example mixtral_train --features mpi && benchmarks/migration.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/examples/mixtral_train}
@@ -13,7 +13,7 @@ STEPS=${STEPS:-300}
 HOT=${HOT:-2:4}
 EVERY=${EVERY:-25}
 case "$ROUNDS$STEPS$EVERY" in *[!0-9]*) echo "ROUNDS, STEPS and EVERY must be whole numbers" >&2; exit 2 ;; esac
-OUT=bench-results/migration.jsonl
+OUT=benchmarks/results/migration.jsonl
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 : > "$OUT"

@@ -1,7 +1,7 @@
 """Hugging Face's Mixtral sparse-MoE block on PyTorch CPU, forward + backward, at the shapes of
 `moe_layer_bench` (same thread count), for the side-by-side ratio in the README.
 
-    /tmp/hfenv/bin/python benches/hf_moe_block_bench.py --tokens 2048 --hidden 512 --ffn 1024 \
+    /tmp/hfenv/bin/python benchmarks/pytorch/hf_moe_block_bench.py --tokens 2048 --hidden 512 --ffn 1024 \
         --experts 8 --top-k 2 --threads 2 --json hf_moe.json
 """
 import argparse

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Checkpoint save and resume time and size, for the tiny preset and a 54M-parameter Mixtral-shaped model
-# (bench-results/configs/mixtral-mid.json), one process; one JSON line per model into
-# bench-results/checkpoint.jsonl. Build first:
-#   cargo build --release --example mixtral_train && scripts/bench-checkpoint.sh
+# (benchmarks/configs/mixtral-mid.json), one process; one JSON line per model into
+# benchmarks/results/checkpoint.jsonl. Build first:
+#   cargo build --release --example mixtral_train && benchmarks/checkpoint.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN="${CARGO_TARGET_DIR:-target}/release/examples/mixtral_train"
-OUT=bench-results/checkpoint.jsonl
+OUT=benchmarks/results/checkpoint.jsonl
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 : > "$OUT"
-for model in tiny bench-results/configs/mixtral-mid.json; do
+for model in tiny benchmarks/configs/mixtral-mid.json; do
   name=$(basename "$model" .json)
   common=(--preset "$model" --batch-size 8 --seq-len 63 --no-progress --log-every 0 --peak-tflops 1)
   "$BIN" "${common[@]}" --steps 2 --checkpoint-dir "$work/$name" --metrics "$work/$name.jsonl" > /dev/null

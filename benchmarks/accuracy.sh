@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Accuracy of the resource model on this machine: 12 layouts (1, 2 and 4 ranks; EP, DP, PP with GPipe
 # and 1F1B, micro-batch counts) of two models (the `tiny` preset, d 64 × 2 layers; and
-# benches/configs/train-mixtral-m.json, d 256 × 4 layers) train for STEPS steps under mpirun; each run's
+# benchmarks/configs/train-mixtral-m.json, d 256 × 4 layers) train for STEPS steps under mpirun; each run's
 # median step time and largest peak RSS (its --summary) is set against `piper predict` for the same
 # layout on the platform calibrated for that rank count (scripts/calibrate.sh, run here first unless
-# the files exist). Writes bench-results/accuracy.json and bench-results/accuracy.png (predicted vs
+# the files exist). Writes benchmarks/results/accuracy.json and benchmarks/results/accuracy.png (predicted vs
 # measured, with y = x).
 #
-#   PYTHON=/path/with/matplotlib [REPEATS=3] scripts/bench-accuracy.sh [STEPS]
+#   PYTHON=/path/with/matplotlib [REPEATS=3] benchmarks/accuracy.sh [STEPS]
 # REPEATS runs of each layout (default 1) give the median step time and peak memory: this VM's speed
 # varies by ~20% between runs of the same layout.
 set -euo pipefail
@@ -26,7 +26,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/piper-target}
 cargo build --release --features mpi --example mixtral_train >&2
 cargo build --release -p piper-planner --bin piper >&2
 bin=$CARGO_TARGET_DIR/release
-platforms=bench-results/platforms
+platforms=benchmarks/results/platforms
 for r in 1 2 4; do
     [[ -f $platforms/local-$r.toml ]] || scripts/calibrate.sh --ranks "$r" --out "$platforms/local-$r.toml"
 done
@@ -43,9 +43,9 @@ layouts=(
 )
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-out=bench-results/accuracy.jsonl
+out=benchmarks/results/accuracy.jsonl
 : >"$out"
-for model in tiny benches/configs/train-mixtral-m.json; do
+for model in tiny benchmarks/configs/train-mixtral-m.json; do
     layers=$("$bin/piper" model --model "$model" --spec-json | "$python" -c 'import json,sys; print(json.load(sys.stdin)["num_layers"])')
     for l in "${layouts[@]}"; do
         read -r ranks pp ep dp m schedule split <<<"$l"
@@ -87,7 +87,7 @@ PY
         tail -n 1 "$out" | "$python" -c 'import json,sys; d=json.loads(sys.stdin.read()); t,m=d["step_time_s"],d["peak_memory_bytes"]; print("%-16s R=%d PP=%d EP=%d DP=%d M=%d %-5s step %7.1f ms predicted %7.1f (%+5.1f%%)  memory %6.1f MiB predicted %6.1f (%+5.1f%%)" % (d["model"], d["ranks"], d["pp"], d["ep"], d["dp"], d["micro_batches"], d["schedule"], 1e3*t["measured"], 1e3*t["predicted"], 100*t["error"], m["measured"]/2**20, m["predicted"]/2**20, 100*m["error"]))' >&2
     done
 done
-"$python" - "$out" bench-results/accuracy.json bench-results/accuracy.png <<'PY'
+"$python" - "$out" benchmarks/results/accuracy.json benchmarks/results/accuracy.png <<'PY'
 import json, statistics, sys
 import matplotlib
 matplotlib.use("Agg")

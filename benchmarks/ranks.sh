@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # tokens/s of mixtral_train at 1, 2 and 4 ranks on this machine, with the planner's layout (--plan auto)
 # and its predicted step time and pipeline bubble beside the measured ones (from each run's --summary).
-# Writes JSON lines to bench-results/ranks.jsonl.
-#   cargo build --release --example mixtral_train --features mpi && scripts/bench-ranks.sh
+# Writes JSON lines to benchmarks/results/ranks.jsonl.
+#   cargo build --release --example mixtral_train --features mpi && benchmarks/ranks.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/examples/mixtral_train}
-OUT=bench-results/ranks.jsonl
+OUT=benchmarks/results/ranks.jsonl
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 : > "$OUT"

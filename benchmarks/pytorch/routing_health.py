@@ -5,7 +5,7 @@ same model (the `tiny` preset: d 64, 2 layers, 8 experts top-2, vocabulary 256),
 load-balancing loss (0.01)? Per step and layer: tokens on the busiest expert ÷ the mean (4.0 = every
 token on the same two experts).
 
-    python benches/routing_health.py --data FILE --steps 60 --seeds 3 --piper PATH/mixtral_train --json OUT.json
+    python benchmarks/pytorch/routing_health.py --data FILE --steps 60 --seeds 3 --piper PATH/mixtral_train --json OUT.json
 """
 import argparse
 import json
