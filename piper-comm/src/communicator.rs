@@ -22,8 +22,6 @@ pub(crate) mod tags {
     pub const HALO_INTRA: u32 = INTERNAL_TAG_BASE + 10;
     pub const HALO_INTER: u32 = INTERNAL_TAG_BASE + 11;
     pub const HALO_REDIST: u32 = INTERNAL_TAG_BASE + 12;
-    pub const DEDUP_INTER: u32 = INTERNAL_TAG_BASE + 13;
-    pub const DEDUP_LOCAL: u32 = INTERNAL_TAG_BASE + 14;
 }
 
 /// An outstanding nonblocking send or receive.

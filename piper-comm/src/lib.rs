@@ -3,7 +3,8 @@
 //! The communication layer of Piper: a [`Communicator`] trait (point-to-point and collectives with
 //! timeouts that name the operation, the group and the missing ranks), an in-process backend for
 //! single-rank runs and tests, an MPI backend (feature `mpi`), the machine [`Topology`], and the expert
-//! all-to-all algorithms — flat (MPI_Alltoallv), pairwise and HALO — plus a deduplicating dispatch.
+//! all-to-all algorithms — flat (MPI_Alltoallv), pairwise and HALO. The binary `piper-comm` (feature
+//! `mpi`) runs the multi-rank self-test, the benchmarks (with a deduplicating dispatch) and calibration.
 
 pub mod alltoall;
 pub mod collectives;

@@ -1,7 +1,11 @@
 //! Every all-to-all algorithm against the host-side reference, bit for bit, on in-process worlds with
 //! emulated nodes: random, skewed, zero and empty counts; even and uneven nodes; one node.
 
-use piper_comm::alltoall::dedup::dispatch_dedup;
+// The benchmark binary's deduplicating dispatch (it needs `--features mpi` to build as a binary).
+#[path = "../src/bin/piper-comm/dedup.rs"]
+mod dedup;
+
+use dedup::dispatch_dedup;
 use piper_comm::alltoall::{Algo, all_to_all_v, all_to_all_v_bytes_known, reference};
 use piper_comm::{Communicator, GroupNodes, LocalWorld, Topology};
 use proptest::prelude::*;

@@ -2,7 +2,6 @@
 //! (point-to-point messages to every peer) and `halo` (hierarchical, see [`halo`]), plus a host-side
 //! reference that computes what every rank must receive.
 
-pub mod dedup;
 pub mod halo;
 
 use bytemuck::Pod;

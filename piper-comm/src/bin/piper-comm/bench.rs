@@ -142,8 +142,8 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
 /// Times one MoE dispatch three ways: flat and HALO all-to-all of the expanded token copies, and the
 /// deduplicating dispatch. Experts: 4 per rank; each token picks `top_k` distinct experts at random.
 fn dispatch<C: Communicator>(world: &C, topo: &Topology, a: &Args) -> Result<Vec<serde_json::Value>, String> {
+    use crate::dedup::dispatch_dedup;
     use piper_comm::GroupNodes;
-    use piper_comm::alltoall::dedup::dispatch_dedup;
     let n = world.size();
     let me = world.rank();
     let experts = 4 * n;

@@ -3,6 +3,7 @@
 
 mod bench;
 mod calibrate;
+mod dedup;
 mod selftest;
 
 use clap::{Parser, Subcommand};

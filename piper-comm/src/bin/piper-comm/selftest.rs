@@ -1,7 +1,7 @@
 //! Multi-rank correctness: every algorithm against a host-side reference that each rank computes on its
 //! own from the shared seed (no communication), bit for bit.
 
-use piper_comm::alltoall::dedup::dispatch_dedup;
+use crate::dedup::dispatch_dedup;
 use piper_comm::alltoall::{Algo, all_to_all_v};
 use piper_comm::collectives::{all_gather, barrier};
 use piper_comm::communicator::wait_all;

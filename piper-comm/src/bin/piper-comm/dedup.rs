@@ -5,10 +5,22 @@
 //! in order, that source's rows for d in token order (a token routed twice to d arrives twice). Counts
 //! travel first, so every receive has a known size: sizes to local peers and relays, then packets, then
 //! per-source row counts from relays, then the relayed rows.
+//!
+//! A benchmark of `piper-comm bench --dispatch-top-k`: the runtime's token dispatcher does not use it.
+//! Its messages take user tags (nothing else is in flight while it runs).
 
-use crate::communicator::{Communicator, Pending, tags, wait_all};
-use crate::error::{CommError, Result};
-use crate::topology::GroupNodes;
+use piper_comm::communicator::{MAX_USER_TAG, wait_all};
+use piper_comm::{CommError, Communicator, GroupNodes, Pending, Result};
+
+/// The dispatch's message tags: counts, rows sent straight to a local peer, packets to a remote node's
+/// relay, and the rows a relay forwards.
+mod tags {
+    use super::MAX_USER_TAG;
+    pub const COUNTS: u32 = MAX_USER_TAG - 3;
+    pub const HALO_INTRA: u32 = MAX_USER_TAG - 2;
+    pub const DEDUP_INTER: u32 = MAX_USER_TAG - 1;
+    pub const DEDUP_LOCAL: u32 = MAX_USER_TAG;
+}
 
 /// What a dispatch moved over the network (between nodes), for the report on savings.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
