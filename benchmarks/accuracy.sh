@@ -8,7 +8,7 @@
 # measured, with y = x).
 #
 #   PYTHON=/path/with/matplotlib [REPEATS=3] benchmarks/accuracy.sh [STEPS]
-# REPEATS runs of each layout (default 1) give the median step time and peak memory: this VM's speed
+# REPEATS runs of each layout (default 1) give the median step time and peak memory: a virtual machine's speed
 # varies by ~20% between runs of the same layout.
 set -euo pipefail
 cd "$(dirname "$0")/.."

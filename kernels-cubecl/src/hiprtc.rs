@@ -1,5 +1,5 @@
 //! HIP RTC, loaded at run time from `libamdhip64.so`: the compiler `cubecl-hip` uses on AMD GPUs.
-//! It needs no GPU, so this box can turn the generated HIP C++ into AMDGPU code objects (Debian 12:
+//! It needs no GPU, so a machine without one can turn the generated HIP C++ into AMDGPU code objects (Debian 12:
 //! `apt-get install hipcc libamdhip64-dev rocm-device-libs`, HIP 5.2), and read what each kernel costs
 //! in registers and LDS from the code object's metadata.
 

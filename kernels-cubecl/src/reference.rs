@@ -137,7 +137,7 @@ pub fn rms_norm_reference<const D: usize>(x: Tensor<D>, gamma_d: Tensor<1>, eps:
     (x / rms) * gamma_d.unsqueeze()
 }
 
-/// Causal attention as the model used to run it on Burn's tensor ops: heads moved to dim 1, key/value
+/// Causal attention on Burn's tensor ops, the textbook way: heads moved to dim 1, key/value
 /// heads repeated for their query heads, an explicit `−∞` mask above the diagonal, a full softmax.
 ///
 /// # Shapes

@@ -588,7 +588,7 @@ fn every_op_matches_its_reference_on_ndarray() {
     all_cases(&Device::ndarray().autodiff());
 }
 
-/// The same on the first AMD GPU (ROCm builds only; not run on this box, which has neither).
+/// The same on the first AMD GPU (ROCm builds only; never run: it needs a ROCm build and an AMD GPU).
 #[cfg(feature = "rocm")]
 #[test]
 fn every_kernel_matches_its_reference_on_rocm() {

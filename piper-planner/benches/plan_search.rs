@@ -1,5 +1,5 @@
 //! How long the planner takes to search the whole space, side by side for several models and GPU
-//! counts (the goal: 1024 GPUs well under a second). Writes JSON to
+//! counts (1024 GPUs should take well under a second). Writes JSON to
 //! `$CARGO_TARGET_DIR/piper-bench/plan_search.json` (or `target/…`) and prints it.
 //!
 //! Run: `cargo bench -p piper-planner --bench plan_search`.

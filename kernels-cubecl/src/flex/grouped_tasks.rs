@@ -2,9 +2,8 @@
 //! (`G`, `U`, `H`, `Y` forward; `dH`, `dG`, `dU`, `dX` backward) per block of rows of one expert, and the
 //! weight gradients per expert, cut along their rows when there are fewer experts than tasks wanted. No
 //! fork-join per expert and matrix, and a block's SwiGLU runs while its GEMM outputs are still in cache.
-//! (Threaded GEMMs one expert after another were slower at every shape measured once the outputs were
-//! no longer zero-filled first: `tiny` 26 → 58–80 GFLOP/s, Mixtral-style d = 256 120 → 138, the coarse
-//! 8 × 512 × 1024 block 0.92 → 1.01 of the dense GEMM rate, 2 threads.)
+//! (Threaded GEMMs one expert after another, with outputs not zero-filled either, are slower at every
+//! shape measured: `benchmarks/notes/2026-12-02-cpu-speed.md`.)
 //!
 //! Rows come from a [`RowSource`]: a buffer sorted by expert, or (routed experts) the token rows gathered
 //! per task; the backward starts from `dY` rows or, with the combine folded in, from the tokens'

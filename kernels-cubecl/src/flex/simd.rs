@@ -2,7 +2,7 @@
 //! branches) that LLVM vectorises, and [`multiversion!`] to compile a kernel's loop twice more, for
 //! AVX-512 and for AVX2 + FMA, the widest the CPU has picked at run time — the workspace builds for
 //! baseline x86-64, where these loops would stay four-wide SSE2 and `f32::exp` a scalar libm call (7% of
-//! a training step's profile before).
+//! a training step's profile).
 
 /// Defines `fn $name(args) -> ret` whose body is compiled three times: as written, and (on x86-64) with
 /// AVX-512 (F, VL, BW, DQ) and with AVX2 + FMA enabled, the widest the CPU has chosen at run time.

@@ -176,7 +176,7 @@ mod tests {
         assert!(err.contains("`num_nextn_predict_layers`"), "{err}");
         let err = refusal("gpt-oss-20b");
         assert!(err.contains("`attention_bias`"), "{err}");
-        // Built differently rather than refused before: DBRX's LayerNorm, Llama 4's attention and router.
+        // Parts piper-burn would build differently: DBRX's LayerNorm, Llama 4's attention and router.
         let err = refusal("dbrx");
         assert!(err.contains("`norm` LayerNorm (DBRX)"), "{err}");
         for name in ["llama4-scout", "llama4-maverick"] {

@@ -6,7 +6,7 @@
 //! (measured 2026-12-02; 65 532 and below are right). A training step reduces over the micro-batch's
 //! tokens — the loss's mean, the load-balancing loss's expert fractions and mean probabilities, the norm
 //! weights' gradients — so past that many tokens it would train on wrong numbers without a sign. Whether a
-//! real GPU's driver does the same is not known here (no GPU), so the runtime asks the device itself:
+//! real GPU's driver does the same is not known (none has been tried), so the runtime asks the device itself:
 //! [`check_token_reductions`] sums ones over an axis as long as the micro-batch and refuses the run, naming
 //! the fix, when the device gets it wrong. On Flex the probe is a few microseconds.
 
