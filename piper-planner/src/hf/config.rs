@@ -215,23 +215,6 @@ fn base(f: &Fields, attention: Attention, layers: Vec<LayerKind>) -> Result<Mode
     })
 }
 
-fn softmax_moe(num_experts: u64, top_k: u64, expert: Mlp, norm_topk_prob: bool) -> Moe {
-    Moe {
-        num_experts,
-        top_k,
-        expert,
-        num_shared_experts: 0,
-        shared_expert_intermediate_size: None,
-        shared_expert_gate: false,
-        router_bias: false,
-        score_function: ScoreFunction::Softmax,
-        norm_topk_prob,
-        n_group: None,
-        topk_group: None,
-        routed_scaling_factor: None,
-    }
-}
-
 fn swiglu(f: u64) -> Mlp {
     Mlp { intermediate_size: f, gated: true, bias: false }
 }
@@ -241,7 +224,7 @@ fn all_moe(f: &Fields) -> Result<Vec<LayerKind>> {
 }
 
 fn mixtral(f: &Fields) -> Result<ModelSpec> {
-    let moe = softmax_moe(f.num_experts()?, f.u64("num_experts_per_tok")?, swiglu(f.u64("intermediate_size")?), true);
+    let moe = Moe::softmax(f.num_experts()?, f.u64("num_experts_per_tok")?, swiglu(f.u64("intermediate_size")?), true);
     Ok(ModelSpec { moe: Some(moe), ..base(f, f.gqa(false, false, QkNorm::None, false)?, all_moe(f)?)? })
 }
 
@@ -257,7 +240,7 @@ fn qwen_moe(f: &Fields) -> Result<ModelSpec> {
                 if !dense.contains(&i) && every > 0 && (i + 1) % every == 0 { LayerKind::Moe } else { LayerKind::Dense }
             })
             .collect();
-    let mut moe = softmax_moe(
+    let mut moe = Moe::softmax(
         f.num_experts()?,
         f.u64("num_experts_per_tok")?,
         swiglu(f.u64("moe_intermediate_size")?),
@@ -324,7 +307,7 @@ fn deepseek(f: &Fields) -> Result<ModelSpec> {
 }
 
 fn olmoe(f: &Fields) -> Result<ModelSpec> {
-    let moe = softmax_moe(
+    let moe = Moe::softmax(
         f.num_experts()?,
         f.u64("num_experts_per_tok")?,
         swiglu(f.u64("intermediate_size")?),
@@ -341,7 +324,7 @@ fn gpt_oss(f: &Fields) -> Result<ModelSpec> {
         Some(k) => k,
         None => f.u64("experts_per_token")?,
     };
-    let mut moe = softmax_moe(
+    let mut moe = Moe::softmax(
         experts,
         top_k,
         Mlp { intermediate_size: f.u64("intermediate_size")?, gated: true, bias: true },
@@ -369,7 +352,7 @@ fn dbrx(f: &Fields) -> Result<ModelSpec> {
         sinks: false,
     };
     let moe =
-        softmax_moe(ffn.u64("moe_num_experts")?, ffn.u64("moe_top_k")?, swiglu(ffn.u64("ffn_hidden_size")?), true);
+        Moe::softmax(ffn.u64("moe_num_experts")?, ffn.u64("moe_top_k")?, swiglu(ffn.u64("ffn_hidden_size")?), true);
     Ok(ModelSpec {
         name: String::new(),
         model_type: String::new(),
@@ -402,7 +385,7 @@ fn llama4(f: &Fields) -> Result<ModelSpec> {
         })
         .collect::<Vec<_>>();
     let expert_f = f.u64("intermediate_size")?;
-    let mut moe = softmax_moe(f.num_experts()?, f.u64("num_experts_per_tok")?, swiglu(expert_f), false);
+    let mut moe = Moe::softmax(f.num_experts()?, f.u64("num_experts_per_tok")?, swiglu(expert_f), false);
     moe.score_function = ScoreFunction::Sigmoid;
     moe.num_shared_experts = 1;
     let dense_mlp =

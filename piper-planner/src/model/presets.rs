@@ -187,23 +187,6 @@ fn mha(num_heads: u64, num_kv_heads: u64, d: u64) -> Attention {
     }
 }
 
-fn moe_block(expert: Mlp, num_experts: u64, top_k: u64) -> Moe {
-    Moe {
-        num_experts,
-        top_k,
-        expert,
-        num_shared_experts: 0,
-        shared_expert_intermediate_size: None,
-        shared_expert_gate: false,
-        router_bias: false,
-        score_function: ScoreFunction::Softmax,
-        norm_topk_prob: true,
-        n_group: None,
-        topk_group: None,
-        routed_scaling_factor: None,
-    }
-}
-
 /// A native MoE model with non-gated (2-matrix) experts.
 #[allow(clippy::too_many_arguments)]
 fn plain(
@@ -231,7 +214,7 @@ fn plain(
         attention: mha(heads, kv_heads, d),
         norm: Norm::LayerNorm { bias: true },
         dense_mlp: dense_f.map(mlp),
-        moe: Some(moe_block(mlp(expert_f), experts, top_k)),
+        moe: Some(Moe::softmax(experts, top_k, mlp(expert_f), true)),
         layers: pattern,
         mtp_depth: 0,
         rope_theta: None,
@@ -265,7 +248,7 @@ fn gated(
         attention: mha(heads, kv_heads, d),
         norm: Norm::RmsNorm,
         dense_mlp: None,
-        moe: Some(moe_block(Mlp { intermediate_size: expert_f, gated: true, bias: false }, experts, top_k)),
+        moe: Some(Moe::softmax(experts, top_k, Mlp { intermediate_size: expert_f, gated: true, bias: false }, true)),
         layers: all_moe(layers),
         mtp_depth: 0,
         rope_theta: None,

@@ -121,6 +121,25 @@ pub struct Moe {
 }
 
 impl Moe {
+    /// A plain softmax top-k block of `num_experts` routed experts: no shared experts, bias, groups or
+    /// scaling (the families that have them set those fields).
+    pub fn softmax(num_experts: u64, top_k: u64, expert: Mlp, norm_topk_prob: bool) -> Moe {
+        Moe {
+            num_experts,
+            top_k,
+            expert,
+            num_shared_experts: 0,
+            shared_expert_intermediate_size: None,
+            shared_expert_gate: false,
+            router_bias: false,
+            score_function: ScoreFunction::Softmax,
+            norm_topk_prob,
+            n_group: None,
+            topk_group: None,
+            routed_scaling_factor: None,
+        }
+    }
+
     /// The shared-expert MLP (same activation as the routed ones).
     pub fn shared_expert(&self) -> Mlp {
         Mlp {
