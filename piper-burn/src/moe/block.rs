@@ -1,5 +1,5 @@
-//! The MoE block: route, dispatch (dropless, padding-free), grouped experts, combine, plus shared
-//! experts (optionally gated, Qwen2-MoE) applied to every token.
+//! The MoE block: route, permute (dropless, padding-free), dispatch to the experts' ranks, grouped
+//! experts, combine, unpermute, plus shared experts (optionally gated, Qwen2-MoE) applied to every token.
 //!
 //! Legend: b = batch, s = sequence, t = tokens (b · s), d = model width, e = experts, k = top-k,
 //! p = permuted rows (t · k).
@@ -24,7 +24,7 @@ use crate::layers::mlp::{Mlp, MlpConfig};
 pub struct ExpertRouting {
     pub dispatcher: Arc<dyn TokenDispatcher>,
     pub placement: ExpertPlacement,
-    /// Dispatch position of each expert (cached from `placement`).
+    /// Position of each expert in the permuted order (rank, then local slot; cached from `placement`).
     positions: Vec<usize>,
 }
 
@@ -145,7 +145,7 @@ impl MoeBlock {
         let routing = self.router.forward(x_td.clone());
         let num_experts = self.router.num_experts;
         let positions = self.routing.as_ref().map(|r| r.positions.as_slice());
-        // Rows sorted by dispatch position (destination rank, then local slot); counts per position.
+        // Rows sorted by expert position (destination rank, then local slot); counts per position.
         let plan = PermutePlan::with_positions(&routing.topk_idx_tk, num_experts, positions);
         let mut out_td = match &self.routing {
             Some(r) if r.placement.ranks() > 1 => {
@@ -153,8 +153,8 @@ impl MoeBlock {
                 let y_qd = self.experts.forward(x_qd, &handle.local_counts);
                 unpermute(r.dispatcher.combine(y_qd, &handle), routing.topk_w_tk.clone(), &plan)
             }
-            // Every expert on this rank (a one-rank dispatcher only shares the layer's load): dispatch,
-            // experts and combine as one operation (fused on the CPU).
+            // Every expert on this rank (a one-rank dispatcher only shares the layer's load): permute,
+            // experts and unpermute as one operation (fused on the CPU).
             _ => self.experts.forward_routed(x_td.clone(), routing.topk_w_tk.clone(), &plan),
         };
         if let Some(shared) = &self.shared {

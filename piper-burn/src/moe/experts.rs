@@ -54,7 +54,7 @@ impl GroupedExperts {
         )
     }
 
-    /// Dispatch, these experts and the weighted combine in one operation, when every expert is local:
+    /// Permute, these experts and the weighted unpermute in one operation, when every expert is local:
     /// `out_td[t] = Σ_j topk_w_tk[t, j] · expert_j(x_td[t])` over the token's experts in `plan`.
     ///
     /// # Shapes

@@ -1,5 +1,6 @@
-//! Dropless, padding-free dispatch: the `t · k` (token, expert) copies sorted by expert with counts,
-//! gathered into one buffer of exactly `t · k` rows, and the weighted combine back to tokens.
+//! The local permute, dropless and padding-free: the `t · k` (token, expert) copies sorted by expert
+//! position with counts, gathered into one buffer of exactly `t · k` rows; and the unpermute, the
+//! weighted sum of each token's rows back into tokens.
 //!
 //! Legend: t = tokens, d = model width, k = experts per token, e = experts, p = permuted rows (t · k).
 
@@ -9,7 +10,7 @@ use kernels_cubecl::RowMap;
 /// Where each permuted row comes from. Built on the host (the counts decide the expert GEMM shapes).
 #[derive(Debug, Clone)]
 pub struct PermutePlan {
-    /// Token, slot and inverse maps of the permuted rows (what the permute/combine kernels read).
+    /// Token, slot and inverse maps of the permuted rows (what the permute/unpermute kernels read).
     pub map: RowMap,
     /// Rows per expert, in expert order (sums to p; zeros allowed).
     pub counts_e: Vec<usize>,
@@ -24,7 +25,7 @@ impl PermutePlan {
         Self::with_positions(topk_idx_tk, num_experts, None)
     }
 
-    /// Sorts the copies by `positions[expert]` (an expert placement's dispatch order; `None`: by expert
+    /// Sorts the copies by `positions[expert]` (an expert placement's order; `None`: by expert
     /// id), stably. `counts_e` is then per position.
     ///
     /// # Shapes
@@ -69,7 +70,7 @@ pub fn permute(x_td: Tensor<2>, plan: &PermutePlan) -> Tensor<2> {
     kernels_cubecl::permute_rows(x_td, &plan.map)
 }
 
-/// Weighted combine: `out_td[t] = Σ_j topk_w_tk[t, j] · y_pd[row of (t, j)]`.
+/// The weighted unpermute: `out_td[t] = Σ_j topk_w_tk[t, j] · y_pd[row of (t, j)]`.
 pub fn unpermute(y_pd: Tensor<2>, topk_w_tk: Tensor<2>, plan: &PermutePlan) -> Tensor<2> {
     kernels_cubecl::combine_rows(y_pd, topk_w_tk, &plan.map)
 }
@@ -95,7 +96,7 @@ mod tests {
     }
 
     #[test]
-    fn permute_then_combine_with_unit_weights_is_k_times_identity_and_so_is_its_gradient() {
+    fn permute_then_unpermute_with_unit_weights_is_k_times_identity_and_so_is_its_gradient() {
         let device = Device::flex().autodiff();
         let x = Tensor::<2>::random([5, 3], burn::tensor::Distribution::Normal(0.0, 1.0), &device).require_grad();
         let idx = ints(vec![0, 3, 3, 1, 2, 0, 1, 1, 0, 2], [5, 2], &device);

@@ -5,7 +5,7 @@
 //! Every rank sees the same counts (all-reduced each step over the world) and runs the same
 //! deterministic decision, so no coordination round is needed; debug builds check a fingerprint of
 //! the decision. The move is point-to-point inside each expert group (each data-parallel replica's
-//! group moves its own copies), then the layer's placement table changes so dispatch sends the next
+//! group moves its own copies), then the layer's placement table changes so the dispatcher sends the next
 //! tokens to the new owner. The model's function is unchanged.
 
 use std::time::Instant;
