@@ -10,7 +10,7 @@
 #   scripts/emulate-fabric.sh bench --nodes 4 --ranks-per-node 2 --rate 1gbit --json out.json   # up + run + down
 #
 # Needs root (network namespaces), iproute2 and OpenMPI. `bench` tears everything down even on failure.
-# The kernel here has no netem, so only bandwidth is shaped (tbf), not latency. Inside a node, ranks talk
+# Only bandwidth is shaped (tbf), not latency, so kernels without netem do. Inside a node, ranks talk
 # over TCP loopback (OpenMPI's shared-memory transport is disabled so that nothing bypasses the links).
 set -euo pipefail
 
