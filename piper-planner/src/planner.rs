@@ -222,6 +222,31 @@ fn candidate(
 
 /// Searches the space and ranks the feasible plans by predicted MFU.
 pub fn plan(spec: &ModelSpec, platform: &Platform, req: &PlanRequest) -> Result<PlanReport> {
+    check_request(platform, req)?;
+    let mut report = PlanReport { plans: Vec::new(), rejected: Vec::new(), evaluated: 0 };
+    for ep in divisors(req.gpus).into_iter().filter(|e| req.ep.is_none_or(|x| x == *e)) {
+        if let Some(reason) = ep_rejection(spec, platform, req, ep) {
+            report.rejected.push(Rejection { pp: None, ep, dp: None, reason });
+            continue;
+        }
+        for pp in divisors(req.gpus / ep).into_iter().filter(|p| req.pp.is_none_or(|x| x == *p)) {
+            let layout = Layout { pp, ep, dp: req.gpus / ep / pp };
+            let rejection = match layout_rejection(spec, req, &layout) {
+                Some(reason) => Some(reason),
+                None => search_layout(spec, platform, req, &layout, &mut report)?,
+            };
+            if let Some(reason) = rejection {
+                report.rejected.push(Rejection { pp: Some(pp), ep, dp: Some(layout.dp), reason });
+            }
+        }
+    }
+    report.plans.sort_by(|a, b| b.mfu.total_cmp(&a.mfu));
+    report.plans.truncate(req.top);
+    Ok(report)
+}
+
+/// The request's own sizes, lists and fixed degrees, before any layout is priced.
+fn check_request(platform: &Platform, req: &PlanRequest) -> Result<()> {
     crate::limits::count("plan", "--gpus", req.gpus, 1, crate::limits::MAX_GPUS)?;
     crate::limits::count("plan", "--global-batch", req.global_batch, 1, crate::limits::MAX_BATCH)?;
     req.base.validate()?;
@@ -251,117 +276,104 @@ pub fn plan(spec: &ModelSpec, platform: &Platform, req: &PlanRequest) -> Result<
         }
     }
     platform.peak_flops(&req.base.dtype)?;
+    Ok(())
+}
+
+/// Why no layout with expert-parallel degree `ep` can work: it does not divide the routed experts, or
+/// its expert group leaves the locality domain the request allows.
+fn ep_rejection(spec: &ModelSpec, platform: &Platform, req: &PlanRequest, ep: u64) -> Option<String> {
     let experts = spec.num_experts().max(1);
+    if ep > 1 && !experts.is_multiple_of(ep) {
+        return Some(format!("EP = {ep} does not divide the {experts} routed experts"));
+    }
     let g = platform.gpus_per_node;
     let domain = match req.ep_domain {
         EpDomain::Node => g,
         EpDomain::Switch => g * platform.nodes_per_switch(),
         EpDomain::Any => u64::MAX,
     };
-    let mut plans = Vec::new();
-    let mut rejected = Vec::new();
-    let mut evaluated = 0;
-    for ep in divisors(req.gpus).into_iter().filter(|e| req.ep.is_none_or(|x| x == *e)) {
-        if ep > 1 && !experts.is_multiple_of(ep) {
-            rejected.push(Rejection {
-                pp: None,
-                ep,
-                dp: None,
-                reason: format!("EP = {ep} does not divide the {experts} routed experts"),
-            });
-            continue;
-        }
-        if ep > domain {
-            let shape = GroupShape::new(platform, 0, ep, 1);
-            let hint = match req.ep_domain {
-                EpDomain::Node => "pass --ep-domain switch (or any) to allow it",
-                _ => "pass --ep-domain any to allow it",
-            };
-            rejected.push(Rejection {
-                pp: None,
-                ep,
-                dp: None,
-                reason: format!(
-                    "expert group of {ep} ranks spans {} nodes, beyond the fast local domain of {domain} GPUs; {hint}",
-                    shape.num_nodes()
-                ),
-            });
-            continue;
-        }
-        for pp in divisors(req.gpus / ep).into_iter().filter(|p| req.pp.is_none_or(|x| x == *p)) {
-            let dp = req.gpus / ep / pp;
-            let layout = Layout { pp, ep, dp };
-            if pp > spec.num_layers {
-                rejected.push(Rejection {
-                    pp: Some(pp),
-                    ep,
-                    dp: Some(dp),
-                    reason: format!("PP = {pp} > {} layers", spec.num_layers),
-                });
-                continue;
-            }
-            let replicas = ep * dp;
-            if !req.global_batch.is_multiple_of(replicas) {
-                rejected.push(Rejection {
-                    pp: Some(pp),
-                    ep,
-                    dp: Some(dp),
-                    reason: format!(
-                        "global batch {} is not divisible by EP·DP = {replicas} data-parallel ranks",
-                        req.global_batch
-                    ),
-                });
-                continue;
-            }
-            let per_replica = req.global_batch / replicas;
-            let mut best_fail: Option<(f64, String)> = None;
-            let mut found = false;
-            let crosses_nodes = GroupShape::new(platform, 0, ep, 1).num_nodes() > 1;
-            for &mbs in req.micro_batch_sizes.iter().filter(|m| per_replica.is_multiple_of(**m)) {
-                for &schedule in &req.schedules {
-                    for &recompute in &req.recomputes {
-                        let cfg = TrainConfig {
-                            micro_batch_size: mbs,
-                            num_micro_batches: per_replica / mbs,
-                            schedule,
-                            recompute,
-                            ..req.base.clone()
-                        };
-                        // HALO equals flat inside one node: price it once.
-                        let algos: Vec<A2aAlgo> =
-                            if crosses_nodes { req.algos.clone() } else { req.algos.iter().take(1).copied().collect() };
-                        for algo in algos {
-                            evaluated += 1;
-                            match evaluate(spec, platform, &layout, &cfg, algo)? {
-                                Ok(c) => {
-                                    found = true;
-                                    plans.push(c);
-                                }
-                                Err((bytes, reason)) => {
-                                    if best_fail.as_ref().is_none_or(|(b, _)| bytes < *b) {
-                                        best_fail = Some((bytes, reason));
-                                    }
-                                }
+    if ep > domain {
+        let hint = match req.ep_domain {
+            EpDomain::Node => "pass --ep-domain switch (or any) to allow it",
+            _ => "pass --ep-domain any to allow it",
+        };
+        let nodes = GroupShape::new(platform, 0, ep, 1).num_nodes();
+        return Some(format!(
+            "expert group of {ep} ranks spans {nodes} nodes, beyond the fast local domain of {domain} GPUs; {hint}"
+        ));
+    }
+    None
+}
+
+/// Why `layout` cannot work whatever its micro-batches: more stages than layers, or a global batch the
+/// data-parallel ranks cannot share evenly.
+fn layout_rejection(spec: &ModelSpec, req: &PlanRequest, layout: &Layout) -> Option<String> {
+    if layout.pp > spec.num_layers {
+        return Some(format!("PP = {} > {} layers", layout.pp, spec.num_layers));
+    }
+    let replicas = layout.ep * layout.dp;
+    if !req.global_batch.is_multiple_of(replicas) {
+        return Some(format!(
+            "global batch {} is not divisible by EP·DP = {replicas} data-parallel ranks",
+            req.global_batch
+        ));
+    }
+    None
+}
+
+/// Prices every micro-batch size, schedule, recomputation and all-to-all algorithm of `layout` into
+/// `report`; the reason it was rejected when no option fits (the closest to fitting named).
+fn search_layout(
+    spec: &ModelSpec,
+    platform: &Platform,
+    req: &PlanRequest,
+    layout: &Layout,
+    report: &mut PlanReport,
+) -> Result<Option<String>> {
+    let per_replica = req.global_batch / (layout.ep * layout.dp);
+    let mut best_fail: Option<(f64, String)> = None;
+    let mut found = false;
+    // HALO equals flat inside one node: price it once.
+    let crosses_nodes = GroupShape::new(platform, 0, layout.ep, 1).num_nodes() > 1;
+    let algos: Vec<A2aAlgo> =
+        if crosses_nodes { req.algos.clone() } else { req.algos.iter().take(1).copied().collect() };
+    for &mbs in req.micro_batch_sizes.iter().filter(|m| per_replica.is_multiple_of(**m)) {
+        for &schedule in &req.schedules {
+            for &recompute in &req.recomputes {
+                let cfg = TrainConfig {
+                    micro_batch_size: mbs,
+                    num_micro_batches: per_replica / mbs,
+                    schedule,
+                    recompute,
+                    ..req.base.clone()
+                };
+                for &algo in &algos {
+                    report.evaluated += 1;
+                    match evaluate(spec, platform, layout, &cfg, algo)? {
+                        Ok(c) => {
+                            found = true;
+                            report.plans.push(c);
+                        }
+                        Err((bytes, reason)) => {
+                            if best_fail.as_ref().is_none_or(|(b, _)| bytes < *b) {
+                                best_fail = Some((bytes, reason));
                             }
                         }
                     }
                 }
             }
-            if !found {
-                let reason = match best_fail {
-                    Some((_, r)) => format!("every option runs out of memory; the closest: {r}"),
-                    None => format!(
-                        "no micro-batch size in {:?} divides the {per_replica} sequences per data-parallel rank",
-                        req.micro_batch_sizes
-                    ),
-                };
-                rejected.push(Rejection { pp: Some(pp), ep, dp: Some(dp), reason });
-            }
         }
     }
-    plans.sort_by(|a, b| b.mfu.total_cmp(&a.mfu));
-    plans.truncate(req.top);
-    Ok(PlanReport { plans, rejected, evaluated })
+    if found {
+        return Ok(None);
+    }
+    Ok(Some(match best_fail {
+        Some((_, r)) => format!("every option runs out of memory; the closest: {r}"),
+        None => format!(
+            "no micro-batch size in {:?} divides the {per_replica} sequences per data-parallel rank",
+            req.micro_batch_sizes
+        ),
+    }))
 }
 
 #[cfg(test)]
