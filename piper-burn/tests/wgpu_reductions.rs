@@ -1,7 +1,6 @@
 //! The runtime's reduction probe on wgpu (lavapipe in CI): its verdict on a long micro-batch agrees with
-//! the device's own reduction of another shape, and a refusal names the flags that fix it. Built with
-//! `--features wgpu` (see `.ci/run`).
-#![cfg(feature = "wgpu")]
+//! the device's own reduction of another shape, and a refusal names the flags that fix it. Needs the
+//! `wgpu` feature; CI runs it as the root package's test target of the same name (`.ci/run`).
 
 use burn::prelude::*;
 use piper_burn::runtime::reductions::check_token_reductions;

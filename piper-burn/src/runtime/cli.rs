@@ -162,31 +162,57 @@ impl RunArgs {
             Some("auto") | None => None,
             Some(path) => Some(RunPlan::load(path.as_ref()).map_err(|e| RuntimeError::from(e).under("--plan"))?),
         };
-        let init_model = match (&self.init_hf, &self.preset) {
-            (Some(_), Some(p)) => {
-                return Err(RuntimeError::invalid(
-                    "--init-hf",
-                    format!("takes the model from its folder's config.json; drop --preset {p}"),
-                ));
-            }
+        let spec =
+            resolve_model(&self.model_source(file.as_ref())?).and_then(|s| s.for_training(self.mtp_loss_weight))?;
+        let config = self.run_config(file.as_ref())?;
+        if let Some(t) = self.peak_tflops {
+            // 1 MFLOP/s to an exaFLOP/s per rank: beyond that it is a typo, and the MFU would be noise.
+            piper_planner::limits::number("run", "--peak-tflops", t, 1e-6, 1e6)?;
+        }
+        let platform = piper_planner::platform::resolve_platform(&self.platform)?;
+        let plan = match file {
+            Some(p) => p,
+            None => self.layout_plan(&spec, &platform, &config, ranks)?,
+        };
+        check_plan(&plan, &spec, &config, ranks)?;
+        let checkpoint = CheckpointSettings {
+            dir: self.checkpoint_dir.clone(),
+            save_every: self.save_every,
+            keep: self.keep,
+            resume: self.resume.clone(),
+        };
+        checkpoint.validate()?;
+        let resume = self.resume.as_deref().map(open_resume).transpose()?;
+        Ok(ResolvedRun { spec, platform, config, plan, checkpoint, resume, init_hf: self.init_hf.clone() })
+    }
+
+    /// Where the model comes from: the `--init-hf` folder's config.json, `--preset`, the plan file's
+    /// model, else `tiny`.
+    fn model_source(&self, file: Option<&RunPlan>) -> Result<String> {
+        match (&self.init_hf, &self.preset) {
+            (Some(_), Some(p)) => Err(RuntimeError::invalid(
+                "--init-hf",
+                format!("takes the model from its folder's config.json; drop --preset {p}"),
+            )),
             (Some(dir), None) => {
                 let config = dir.join("config.json");
                 if !config.is_file() {
                     return Err(RuntimeError::invalid("--init-hf", format!("{}: no config.json in it", dir.display())));
                 }
-                Some(config.display().to_string())
+                Ok(config.display().to_string())
             }
-            (None, _) => None,
-        };
-        let preset = init_model
-            .or_else(|| self.preset.clone())
-            .or_else(|| file.as_ref().map(|p| p.model.clone()))
-            .unwrap_or_else(|| "tiny".into());
-        let spec = resolve_model(&preset).and_then(|s| s.for_training(self.mtp_loss_weight))?;
+            (None, Some(p)) => Ok(p.clone()),
+            (None, None) => Ok(file.map_or_else(|| "tiny".into(), |p| p.model.clone())),
+        }
+    }
+
+    /// The run configuration of the flags (batch and sequence length from the plan file where the flags
+    /// leave them out), checked.
+    fn run_config(&self, file: Option<&RunPlan>) -> Result<RunConfig> {
         let config = RunConfig::new()
             .with_steps(self.steps)
-            .with_global_batch(self.batch_size.or(file.as_ref().map(|p| p.global_batch as usize)).unwrap_or(16))
-            .with_seq_len(self.seq_len.or(file.as_ref().map(|p| p.seq_len as usize)).unwrap_or(63))
+            .with_global_batch(self.batch_size.or(file.map(|p| p.global_batch as usize)).unwrap_or(16))
+            .with_seq_len(self.seq_len.or(file.map(|p| p.seq_len as usize)).unwrap_or(63))
             .with_lr(self.lr)
             .with_warmup_steps(self.warmup)
             .with_grad_clip(self.grad_clip)
@@ -207,36 +233,23 @@ impl RunArgs {
             None => config,
         };
         config.validate()?;
-        if let Some(t) = self.peak_tflops {
-            // 1 MFLOP/s to an exaFLOP/s per rank: beyond that it is a typo, and the MFU would be noise.
-            piper_planner::limits::number("run", "--peak-tflops", t, 1e-6, 1e6)?;
+        Ok(config)
+    }
+
+    /// The plan without a plan file: `--plan auto`, or the layout flags priced by the planner.
+    fn layout_plan(&self, spec: &ModelSpec, platform: &Platform, config: &RunConfig, ranks: usize) -> Result<RunPlan> {
+        if self.plan.is_some() {
+            return plan_auto(spec, platform, config, ranks);
         }
-        let platform = piper_planner::platform::resolve_platform(&self.platform)?;
-        let plan = match (file, self.plan.as_deref()) {
-            (Some(p), _) => p,
-            (None, Some(_)) => plan_auto(&spec, &platform, &config, ranks)?,
-            (None, None) => {
-                let split = self.split.as_deref().map(|s| StageSplit::parse(s, spec.num_layers, self.pp));
-                let flags = LayoutFlags {
-                    layout: Layout { pp: self.pp, ep: self.ep, dp: self.dp },
-                    micro_batches: self.micro_batches,
-                    schedule: if self.schedule == "gpipe" { Schedule::GPipe } else { Schedule::OneFOneB },
-                    split: split.transpose()?,
-                    all_to_all: A2aAlgo::parse(&self.all_to_all, "--all-to-all")?,
-                };
-                plan_from_flags(&spec, &platform, &config, &flags, ranks)?
-            }
+        let split = self.split.as_deref().map(|s| StageSplit::parse(s, spec.num_layers, self.pp));
+        let flags = LayoutFlags {
+            layout: Layout { pp: self.pp, ep: self.ep, dp: self.dp },
+            micro_batches: self.micro_batches,
+            schedule: if self.schedule == "gpipe" { Schedule::GPipe } else { Schedule::OneFOneB },
+            split: split.transpose()?,
+            all_to_all: A2aAlgo::parse(&self.all_to_all, "--all-to-all")?,
         };
-        check_plan(&plan, &spec, &config, ranks)?;
-        let checkpoint = CheckpointSettings {
-            dir: self.checkpoint_dir.clone(),
-            save_every: self.save_every,
-            keep: self.keep,
-            resume: self.resume.clone(),
-        };
-        checkpoint.validate()?;
-        let resume = self.resume.as_deref().map(open_resume).transpose()?;
-        Ok(ResolvedRun { spec, platform, config, plan, checkpoint, resume, init_hf: self.init_hf.clone() })
+        plan_from_flags(spec, platform, config, &flags, ranks)
     }
 
     /// Where the per-step output goes; a resumed run's metrics continue at `first_step`.

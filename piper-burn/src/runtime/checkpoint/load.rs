@@ -72,7 +72,7 @@ pub fn restore(
     resume: &Resume,
 ) -> Result<CausalLm> {
     let refuse = |why: &dyn std::fmt::Display| RuntimeError::file("--resume", &resume.folder, why);
-    check_optimizer(optim, resume).map_err(|why| refuse(&why))?;
+    check_optimizer(optim, resume)?;
     let entries = used_entries(&model, share, placements);
     let mut names: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
     names.extend(entries.iter().flat_map(|e| [format!("{}{EXP_AVG}", e.name), format!("{}{EXP_AVG_SQ}", e.name)]));
@@ -105,13 +105,14 @@ pub fn restore(
 }
 
 /// The checkpoint's AdamW settings must be this run's (a resume continues the same optimizer).
-fn check_optimizer(optim: &AdamW, resume: &Resume) -> std::result::Result<(), String> {
+fn check_optimizer(optim: &AdamW, resume: &Resume) -> Result<()> {
     let (o, s) = (&resume.manifest.optimizer, optim.settings);
     if (s.beta_1, s.beta_2, s.epsilon, s.weight_decay) != (o.beta_1, o.beta_2, o.epsilon, o.weight_decay) {
-        return Err(format!(
+        let why = format!(
             "the checkpoint's AdamW (β {}, {}, ε {}, weight decay {}) differs from this run's",
             o.beta_1, o.beta_2, o.epsilon, o.weight_decay
-        ));
+        );
+        return Err(RuntimeError::file("--resume", &resume.folder, why));
     }
     Ok(())
 }

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use piper_planner::atomic::write_atomic;
 use serde::Serialize;
 
+use crate::runtime::error::{Result, RuntimeError};
+
 /// What one step did (every rank gets the same numbers).
 #[derive(Clone, Debug, Serialize)]
 pub struct StepMetrics {
@@ -77,11 +79,12 @@ pub struct MetricsFile {
 }
 
 impl MetricsFile {
-    /// Checks that `path` can be a file in an existing folder; nothing is written yet.
-    pub fn new(path: PathBuf, first_step: usize) -> Result<Self, String> {
+    /// Checks that `path` can be a file in an existing folder (the error names `--metrics`); nothing is
+    /// written yet.
+    pub fn new(path: PathBuf, first_step: usize) -> Result<Self> {
         let parent = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         if !parent.is_dir() || path.is_dir() {
-            return Err("not a file in an existing folder".into());
+            return Err(RuntimeError::file("--metrics", &path, "not a file in an existing folder"));
         }
         Ok(MetricsFile { path, first_step, file: None, error: None })
     }
@@ -106,14 +109,14 @@ impl MetricsFile {
         }
     }
 
-    /// Flushes the file; the first error of the run, if any.
-    pub fn finish(mut self) -> Result<(), String> {
+    /// Flushes the file; the first write error of the run, if any.
+    pub fn finish(mut self) -> Result<()> {
         if let Some(f) = self.file.as_mut()
             && let Err(e) = f.flush()
         {
             self.error.get_or_insert(e.to_string());
         }
-        self.error.map_or(Ok(()), Err)
+        self.error.map_or(Ok(()), |e| Err(RuntimeError::invalid("--metrics:", e)))
     }
 }
 

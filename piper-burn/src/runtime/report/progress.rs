@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::metrics::{MetricsFile, StepMetrics};
-use crate::runtime::error::{Result, RuntimeError};
+use crate::runtime::error::Result;
 
 /// Where the per-step output goes.
 #[derive(Clone, Debug, Default)]
@@ -36,13 +36,8 @@ impl Reporter {
     /// first step on.
     pub fn new(options: ReportOptions, rank: usize, steps: usize) -> Result<Self> {
         let lead = rank == 0;
-        let metrics = match options.metrics.clone().filter(|_| lead) {
-            Some(path) => Some(
-                MetricsFile::new(path.clone(), options.first_step)
-                    .map_err(|why| RuntimeError::file("--metrics", &path, why))?,
-            ),
-            None => None,
-        };
+        let metrics = options.metrics.clone().filter(|_| lead).map(|p| MetricsFile::new(p, options.first_step));
+        let metrics = metrics.transpose()?;
         let bar = if options.progress && lead { ProgressBar::new(steps as u64) } else { ProgressBar::hidden() };
         bar.set_position(options.first_step as u64);
         bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"));
@@ -84,10 +79,7 @@ impl Reporter {
     /// Clears the bar and flushes the metrics file.
     pub fn finish(self) -> Result<()> {
         self.bar.finish_and_clear();
-        match self.metrics.map(MetricsFile::finish) {
-            Some(Err(e)) => Err(RuntimeError::invalid("--metrics:", e)),
-            _ => Ok(()),
-        }
+        self.metrics.map_or(Ok(()), MetricsFile::finish)
     }
 }
 
