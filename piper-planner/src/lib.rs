@@ -8,6 +8,7 @@
 
 pub mod atomic;
 pub mod checkpoint;
+pub mod class_work;
 pub mod comm;
 pub mod error;
 pub mod hf;

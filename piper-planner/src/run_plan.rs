@@ -13,6 +13,26 @@ use crate::planner::PlanCandidate;
 /// Format version of the plan file.
 pub const RUN_PLAN_VERSION: u32 = 1;
 
+/// Why the runtime (piper-burn) cannot execute a plan that trains in `dtype` with `recompute`, as the
+/// plan field and a message naming the fix; `None` when it can. The runtime trains in fp32 and keeps
+/// every activation; the planner still prices the other options (what they would buy), and `piper plan
+/// --out` writes only plans this accepts.
+pub fn runtime_refusal(dtype: &str, recompute: Recompute) -> Option<(&'static str, String)> {
+    if dtype != "fp32" {
+        return Some(("dtype", format!("is `{dtype}`; the runtime trains in fp32 — re-plan with --dtype fp32")));
+    }
+    if recompute != Recompute::None {
+        return Some((
+            "recompute",
+            format!(
+                "is `{}`; the runtime does not recompute activations yet — re-plan with --recompute none",
+                recompute.name()
+            ),
+        ));
+    }
+    None
+}
+
 /// One pipeline stage.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -350,7 +370,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("piper-plan-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("plan.json");
-        let good = tiny_plan();
+        // Through JSON once (serde_json may parse a float one ulp off), then the file is stable.
+        let good: RunPlan = serde_json::from_str(&serde_json::to_string(&tiny_plan()).unwrap()).unwrap();
         std::fs::write(&path, serde_json::to_string_pretty(&good).unwrap()).unwrap();
         assert_eq!(RunPlan::load(&path).unwrap(), good);
         let mut v: serde_json::Value = serde_json::to_value(&good).unwrap();

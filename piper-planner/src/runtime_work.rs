@@ -195,41 +195,4 @@ mod tests {
         let stage = with.stage(0, 0, spec.num_layers);
         assert!((stage.optimizer_s / (params * 17e-9) - 1.0).abs() < 1e-9, "{}", stage.optimizer_s);
     }
-
-    /// Four ranks on two cores, calibrated all busy: a pipeline whose bubble idles a fraction β of them
-    /// runs its stages' work max(C/R, 1 − β) times as long; with a core per rank nothing changes.
-    #[test]
-    fn idle_pipeline_ranks_lend_their_cores() {
-        use crate::comm::A2aAlgo::Flat;
-        use crate::layout::{Layout, Schedule, StageSplit, TrainConfig};
-        use crate::platform::Platform;
-        use crate::time::CostModel;
-        let base = preset("tiny").unwrap();
-        let spec = crate::model::ModelSpec { num_layers: 4, layers: vec![LayerKind::Moe; 4], ..base };
-        let mut p = crate::platform::preset("local").unwrap();
-        p.gpus_per_node = 4;
-        p.topology.gpu_to_nic = vec![0; 4];
-        let layout = Layout { pp: 4, ep: 1, dp: 1 };
-        let cfg = TrainConfig {
-            num_micro_batches: 4,
-            schedule: Schedule::OneFOneB,
-            dtype: "fp32".into(),
-            ..TrainConfig::new(32)
-        };
-        let split = StageSplit(vec![1, 1, 1, 1]);
-        let predict = |p: &Platform| CostModel::new(&spec, p, &layout, &cfg, Flat).unwrap().predict(&split);
-        let alone = predict(&p);
-        let factor = (2.0f64 / 4.0).max(1.0 - alone.pipeline.bubble_fraction);
-        assert!(factor < 1.0);
-        let squeezed = predict(&Platform { cores_per_node: Some(2), ..p.clone() });
-        for (a, b) in alone.stages.iter().zip(&squeezed.stages) {
-            assert!(
-                (b.forward_s / a.forward_s - factor).abs() < 1e-12
-                    && (b.backward_s / a.backward_s - factor).abs() < 1e-12
-            );
-        }
-        assert!(squeezed.step_time_s < alone.step_time_s);
-        let enough = predict(&Platform { cores_per_node: Some(4), ..p.clone() });
-        assert_eq!(enough.step_time_s, alone.step_time_s);
-    }
 }

@@ -10,14 +10,17 @@
 //! Each MoE layer adds 4 all-to-alls (dispatch and combine, forward and backward; 6 with full recompute)
 //! of T·k·d·e/EP bytes per peer. Communication is not overlapped with compute.
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 
-use crate::comm::{A2aAlgo, GroupShape, all_reduce_s, all_to_all_s, p2p_s};
+use crate::class_work::{exchange_link_s, head_table_s, layer_tables, routed_token_experts};
+use crate::comm::{A2aAlgo, GroupShape, all_reduce_s, p2p_s};
 use crate::error::Result;
 use crate::layout::{Layout, Recompute, StageSplit, TrainConfig};
-use crate::model::counts::{attention_forward_flops, layer_params, mlp_forward_flops, mtp_module_params};
-use crate::model::{Attention, LayerKind, ModelSpec, training_flops_per_token};
-use crate::platform::Platform;
+use crate::model::counts::{layer_params, mtp_module_params};
+use crate::model::{LayerKind, ModelSpec, training_flops_per_token};
+use crate::platform::{ClassWork, Platform};
 use crate::runtime_work::{head_elements, layer_elements};
 use crate::schedule::{Simulation, simulate};
 
@@ -123,7 +126,10 @@ impl StepPrediction {
 /// Layer costs for one layout and configuration, from which any split is timed.
 #[derive(Clone, Debug)]
 pub struct CostModel<'a> {
-    platform: &'a Platform,
+    /// The platform as the layout's ranks see it (a CPU rank's thread count resolved).
+    platform: Cow<'a, Platform>,
+    /// Ranks of the layout on one node.
+    node_ranks: u64,
     layers: Vec<LayerTime>,
     /// Extra forward compute of the first stage (none) and the last stage (logits, MTP).
     last_stage: LayerTime,
@@ -149,78 +155,69 @@ impl<'a> CostModel<'a> {
         cfg: &TrainConfig,
         algo: A2aAlgo,
     ) -> Result<Self> {
+        let node_ranks = layout.gpus().min(platform.gpus_per_node);
+        let platform = platform.for_node_ranks(node_ranks);
         let e = cfg.elem_bytes()?;
         let peak = platform.peak_flops(&cfg.dtype)?;
         let t = cfg.tokens_per_micro_batch() as f64;
         let d = spec.hidden_size;
-        let (proj_flops, core_flops) = attention_forward_flops(spec, cfg.seq_len);
-        let q_width = match spec.attention {
-            Attention::Gqa { num_heads, head_dim, .. } => num_heads * head_dim,
-            Attention::Mla { num_heads, v_head_dim, .. } => num_heads * v_head_dim,
-        };
-        let gemm = |flops: f64, m: f64, n: u64, k: u64| {
-            if flops <= 0.0 { 0.0 } else { flops / (peak * platform.gemm_efficiency(m, n, k)) }
-        };
-        let attn_core_s = core_flops * t / (peak * platform.attention_efficiency(cfg.seq_len));
-        let attn_s = gemm(proj_flops * t, t, q_width, d) + attn_core_s;
-        // The expert group of stage 0's first replica is representative (groups are aligned blocks).
-        let a2a_shape = GroupShape::new(platform, 0, layout.ep, 1);
-        let layer_time = |kind: LayerKind| {
-            let mut fwd = attn_s;
-            let mut a2a_each = 0.0;
-            match (kind, &spec.moe) {
-                (LayerKind::Moe, Some(moe)) => {
-                    let k = moe.top_k as f64;
-                    let copies = t * k * cfg.expert_imbalance;
-                    let per_expert = copies * layout.ep as f64 / moe.num_experts as f64;
-                    let f = moe.expert.intermediate_size;
-                    fwd += gemm(copies * mlp_forward_flops(d, &moe.expert), per_expert, f, d);
-                    let shared = moe.shared_expert();
-                    fwd += gemm(
-                        t * moe.num_shared_experts as f64 * mlp_forward_flops(d, &shared),
-                        t,
-                        shared.intermediate_size,
-                        d,
-                    );
-                    if layout.ep > 1 {
-                        a2a_each = all_to_all_s(platform, &a2a_shape, copies * d as f64 * e / layout.ep as f64, algo);
-                    }
+        let layer_time = |kind: LayerKind| -> Result<LayerTime> {
+            let tables = layer_tables(spec, &platform, cfg, layout.ep, kind)?;
+            let a2a_each = exchange_link_s(spec, &platform, cfg, layout.ep, kind, algo)?;
+            // Forward + backward compute: the measured step costs where the platform has them, else
+            // the tables (backward = 2 × forward) plus the runtime's counted element-wise work.
+            let (total, attention) = match &platform.step_costs {
+                Some(sc) => (
+                    sc.compute_s(
+                        &ClassWork {
+                            linear_table_s: 3.0 * tables.linear_s,
+                            experts_table_s: 3.0 * tables.experts_s,
+                            attention_table_s: 3.0 * tables.attention_s,
+                            layer_token_dims: t * d as f64,
+                            routed_token_experts: routed_token_experts(spec, t, kind),
+                            ..Default::default()
+                        },
+                        layout.ep,
+                    ),
+                    sc.attention * tables.attention_s,
+                ),
+                None => {
+                    let counted = platform
+                        .runtime
+                        .map_or(0.0, |rc| layer_elements(spec, kind, t, cfg.seq_len as f64).seconds(&rc));
+                    (3.0 * tables.total_s() + counted, tables.attention_s)
                 }
-                _ => {
-                    if let Some(m) = &spec.dense_mlp {
-                        fwd += gemm(t * mlp_forward_flops(d, m), t, m.intermediate_size, d);
-                    }
-                }
-            }
+            };
+            let fwd = total / 3.0;
             let (recompute_s, recompute_a2a) = match cfg.recompute {
                 Recompute::None => (0.0, 0.0),
-                Recompute::Selective => (attn_core_s, 0.0),
+                Recompute::Selective => (attention, 0.0),
                 Recompute::Full => (fwd, 2.0 * a2a_each),
             };
-            // The runtime's element-wise work and per-op overhead, where measured: a third forward, two
-            // thirds backward (and another third again under full recompute).
-            let runtime_s =
-                platform.runtime.map_or(0.0, |rc| layer_elements(spec, kind, t, cfg.seq_len as f64).seconds(&rc));
-            let rerun = if cfg.recompute == Recompute::Full { runtime_s / 3.0 } else { 0.0 };
-            LayerTime {
-                forward_compute_s: fwd + runtime_s / 3.0,
-                backward_compute_s: 2.0 * fwd + recompute_s + 2.0 * runtime_s / 3.0 + rerun,
+            Ok(LayerTime {
+                forward_compute_s: fwd,
+                backward_compute_s: total - fwd + recompute_s,
                 forward_a2a_s: 2.0 * a2a_each,
                 backward_a2a_s: 2.0 * a2a_each + recompute_a2a,
-            }
+            })
         };
-        let layers: Vec<LayerTime> = spec.layers.iter().map(|k| layer_time(*k)).collect();
-        let depth = 1.0 + spec.mtp_depth as f64;
-        let v = spec.vocab_size;
-        let logits_s = depth * gemm(2.0 * (d * v) as f64 * t, t, v, d);
-        let head_s = platform.runtime.map_or(0.0, |rc| head_elements(spec, t).seconds(&rc));
-        let mut last_stage = LayerTime {
-            forward_compute_s: logits_s + head_s / 3.0,
-            backward_compute_s: 2.0 * logits_s + 2.0 * head_s / 3.0,
-            ..Default::default()
+        let layers: Vec<LayerTime> = spec.layers.iter().map(|k| layer_time(*k)).collect::<Result<_>>()?;
+        let head_table_s = head_table_s(spec, &platform, cfg)?;
+        let head_s = match &platform.step_costs {
+            Some(sc) => sc.compute_s(
+                &ClassWork {
+                    linear_table_s: 3.0 * head_table_s,
+                    vocab_tokens: (1 + spec.mtp_depth) as f64 * t * spec.vocab_size as f64,
+                    ..Default::default()
+                },
+                layout.ep,
+            ),
+            None => 3.0 * head_table_s + platform.runtime.map_or(0.0, |rc| head_elements(spec, t).seconds(&rc)),
         };
+        let mut last_stage =
+            LayerTime { forward_compute_s: head_s / 3.0, backward_compute_s: 2.0 * head_s / 3.0, ..Default::default() };
         for _ in 0..spec.mtp_depth {
-            let l = layer_time(spec.mtp_layer_kind());
+            let l = layer_time(spec.mtp_layer_kind())?;
             last_stage.forward_compute_s += l.forward_compute_s;
             last_stage.backward_compute_s += l.backward_compute_s;
             last_stage.forward_a2a_s += l.forward_a2a_s;
@@ -230,7 +227,11 @@ impl<'a> CostModel<'a> {
         let p2p_bytes = t * d as f64 * e;
         let p2p = (0..layout.pp)
             .map(|s| {
-                if s + 1 < layout.pp { p2p_s(platform, s * stage_ranks, (s + 1) * stage_ranks, p2p_bytes) } else { 0.0 }
+                if s + 1 < layout.pp {
+                    p2p_s(&platform, s * stage_ranks, (s + 1) * stage_ranks, p2p_bytes)
+                } else {
+                    0.0
+                }
             })
             .collect();
         let ep = layout.ep as f64;
@@ -244,17 +245,21 @@ impl<'a> CostModel<'a> {
             .collect();
         let emb = (spec.vocab_size * d) as f64 * cfg.grad_bytes;
         let mtp = spec.mtp_depth as f64 * mtp_module_params(spec) as f64 * cfg.grad_bytes;
-        let dense_group = (0..layout.pp).map(|s| GroupShape::new(platform, s * stage_ranks, stage_ranks, 1)).collect();
+        let head = if spec.tie_embeddings && layout.pp == 1 { 0.0 } else { emb };
+        let final_norm = spec.norm.params(d) as f64 * cfg.grad_bytes;
+        let dense_group = (0..layout.pp).map(|s| GroupShape::new(&platform, s * stage_ranks, stage_ranks, 1)).collect();
         let expert_group =
-            (0..layout.pp).map(|s| GroupShape::new(platform, s * stage_ranks, layout.dp, layout.ep)).collect();
+            (0..layout.pp).map(|s| GroupShape::new(&platform, s * stage_ranks, layout.dp, layout.ep)).collect();
         Ok(CostModel {
             platform,
+            node_ranks,
             layers,
             last_stage,
             p2p,
             grad_bytes,
             first_extra_grad: emb,
-            last_extra_grad: (emb + mtp, 0.0),
+            // The LM head (none beside a tied embedding on the same stage), the final norm, MTP.
+            last_extra_grad: (head + final_norm + mtp, 0.0),
             dense_group,
             expert_group,
             layout: *layout,
@@ -263,19 +268,6 @@ impl<'a> CostModel<'a> {
             peak,
             flops_per_token: training_flops_per_token(spec, cfg.seq_len).total(),
         })
-    }
-
-    /// Ranks sharing too few cores (a CPU node running more ranks than it has cores) were calibrated all
-    /// busy at once; when a pipeline leaves a fraction `bubble` of them idle, the busy ones get the idle
-    /// ones' cores: their work runs `max(C / R, 1 − bubble)` times as long as calibrated (C cores, R ranks
-    /// on the node). 1 where every rank has its own core.
-    fn shared_cores_factor(&self, bubble: f64) -> f64 {
-        let Some(cores) = self.platform.cores_per_node else { return 1.0 };
-        let ranks = self.layout.gpus().min(self.platform.gpus_per_node) as f64;
-        if ranks <= cores as f64 {
-            return 1.0;
-        }
-        (cores as f64 / ranks).max(1.0 - bubble).min(1.0)
     }
 
     /// Forward + backward seconds of one micro-batch through layer `i` (for balancing splits).
@@ -313,14 +305,15 @@ impl<'a> CostModel<'a> {
         }
         let s = stage as usize;
         let grad_reduce_s =
-            all_reduce_s(self.platform, &self.dense_group[s], self.layout.ep * self.layout.dp, dense_bytes)
-                + all_reduce_s(self.platform, &self.expert_group[s], self.layout.dp, expert_bytes);
+            all_reduce_s(&self.platform, &self.dense_group[s], self.layout.ep * self.layout.dp, dense_bytes)
+                + all_reduce_s(&self.platform, &self.expert_group[s], self.layout.dp, expert_bytes);
         let params = (dense_bytes + expert_bytes) / self.cfg.grad_bytes.max(1e-9);
         let shard = if self.cfg.zero1 { (self.layout.ep * self.layout.dp) as f64 } else { 1.0 };
         // Read and write weights, gradients and optimizer states once (or the runtime's measured step).
-        let optimizer_s = match &self.platform.runtime {
-            Some(rc) => params / shard * rc.optimizer_ns_per_param * 1e-9,
-            None => 2.0 * params * self.optimizer_bytes_per_param / shard / (self.platform.memory_gbs * 1e9),
+        let optimizer_s = match (&self.platform.step_costs, &self.platform.runtime) {
+            (Some(sc), _) => params / shard * sc.optimizer_ns * 1e-9,
+            (None, Some(rc)) => params / shard * rc.optimizer_ns_per_param * 1e-9,
+            (None, None) => 2.0 * params * self.optimizer_bytes_per_param / shard / (self.platform.memory_gbs * 1e9),
         };
         StageTime {
             stage,
@@ -344,8 +337,8 @@ impl<'a> CostModel<'a> {
             simulate(self.cfg.schedule, self.cfg.num_micro_batches, &fwd, &bwd, &p2p)
         };
         let mut pipeline = simulate_stages(&stages);
-        let shared = self.shared_cores_factor(pipeline.bubble_fraction);
-        if shared < 1.0 {
+        let shared = self.platform.time_share(self.node_ranks, pipeline.bubble_fraction);
+        if shared > 1.0 {
             for s in &mut stages {
                 s.forward_s *= shared;
                 s.backward_s *= shared;

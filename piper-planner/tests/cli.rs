@@ -157,6 +157,27 @@ fn plan_out_writes_the_run_plan() {
     let run: piper_planner::run_plan::RunPlan = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(run.pp * run.ep * run.dp, 4);
     assert_eq!(run.stages.iter().map(|s| s.num_layers).sum::<u64>(), 2);
+    // `local`'s runtime trains in fp32 and keeps its activations: the default plan is one it runs.
+    assert_eq!(run.dtype, "fp32");
+    assert_eq!(piper_planner::run_plan::runtime_refusal(&run.dtype, run.recompute), None);
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// A plan the runtime cannot run is priced and shown, never written.
+#[test]
+fn plan_out_writes_only_what_the_runtime_runs() {
+    let path = std::env::temp_dir().join(format!("piper-plan-bf16-{}.json", std::process::id()));
+    let args = ["plan", "--model", "mixtral-8x7b", "--platform", "frontier", "--gpus", "64", "--seq-len", "4096"];
+    let out = piper(&[&args[..], &["--global-batch", "256", "--out", path.to_str().unwrap()]].concat());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && !path.exists(), "{text}");
+    assert!(text.contains("no plan written") && text.contains("re-plan with --dtype fp32"), "{text}");
+    let out =
+        piper(&[&args[..], &["--global-batch", "256", "--dtype", "fp32", "--out", path.to_str().unwrap()]].concat());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let run: piper_planner::run_plan::RunPlan = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(piper_planner::run_plan::runtime_refusal(&run.dtype, run.recompute), None, "{text}");
+    assert!(text.contains("(the best the runtime runs) written") && text.contains(" † "), "{text}");
     std::fs::remove_file(&path).unwrap();
 }
 

@@ -1,11 +1,17 @@
-//! Calibrating a platform's runtime costs: the per-element costs measured on every rank (averaged) and
-//! the memory fitted by least squares over whole runs (`scripts/calibrate.sh` drives it).
+//! Calibrating a CPU platform: the runtime's compute costs per thread count of a rank and its memory,
+//! fitted by least squares over whole runs (`scripts/calibrate.sh` drives it).
 
 use serde::{Deserialize, Serialize};
 
 use super::runtime::RuntimeCosts;
 use super::spec::{GIB, Platform};
+use super::step_costs::{StepRun, WorkClass, fit_step_costs};
+use super::threads::{ThreadCosts, threads_per_rank};
+use crate::class_work::class_work;
 use crate::error::{Error, Result};
+use crate::layout::TrainConfig;
+use crate::limits;
+use crate::model::ModelSpec;
 
 /// One whole run for the memory fit: what the planner's model counts (at 16 configured bytes per
 /// parameter and factors 1) and the peak resident memory measured.
@@ -85,29 +91,100 @@ pub fn fit_memory(points: &[MemoryPoint]) -> Result<MemoryFit> {
     Ok(fit)
 }
 
-/// `platform` with the runtime's measured costs (the mean over ranks of `costs`) and the memory fitted
-/// from `runs`: the fitted base becomes the framework overhead. Errors name what is missing or off.
-pub fn with_runtime(mut platform: Platform, costs: &[RuntimeCosts], runs: &[MemoryPoint]) -> Result<Platform> {
-    let n = costs.len() as f64;
-    if costs.is_empty() {
-        return Err(Error::invalid("runtime calibration", "costs", "needs at least one rank's measurement"));
-    }
-    let mean = |f: fn(&RuntimeCosts) -> f64| costs.iter().map(f).sum::<f64>() / n;
-    let fit = fit_memory(runs)?;
-    let rc = RuntimeCosts {
-        op_overhead_us: mean(|c| c.op_overhead_us),
-        norm_ns: mean(|c| c.norm_ns),
-        rope_ns: mean(|c| c.rope_ns),
-        softmax_ns: mean(|c| c.softmax_ns),
-        swiglu_ns: mean(|c| c.swiglu_ns),
-        elementwise_ns: mean(|c| c.elementwise_ns),
-        optimizer_ns_per_param: mean(|c| c.optimizer_ns_per_param),
-        bytes_per_param: fit.bytes_per_param,
-        activation_factor: fit.activation_factor,
-        logits_factor: fit.logits_factor,
+/// A CPU platform from `base` (piper-comm's measurement of the links and memory, with `base.gpus_per_node`
+/// ranks sharing `cores` cores), the runtime's compute costs per thread count (`threads`, from
+/// `piper_burn::calibrate::measure_threads`) and the memory fitted from `runs`. The peak becomes per
+/// core; the top-level tables are those of one thread; `ranks_per_node` ranks share the node's memory;
+/// the runtime trains in fp32. Errors name what is missing or off.
+pub fn with_runtime(
+    base: Platform,
+    cores: u64,
+    ranks_per_node: u64,
+    threads: Vec<ThreadCosts>,
+    runs: &[MemoryPoint],
+) -> Result<Platform> {
+    let src = "runtime calibration";
+    let Some(one) = threads.first().filter(|t| t.threads == 1) else {
+        return Err(Error::invalid(src, "threads", "needs the one-thread measurement first"));
     };
-    platform.framework_overhead_gib = fit.base_bytes / GIB;
-    platform.runtime = Some(rc);
+    let fit = fit_memory(runs)?;
+    let base_threads = threads_per_rank(cores, base.gpus_per_node) as f64;
+    let node_memory_gib = base.gpu_memory_gib * base.gpus_per_node as f64;
+    let mut platform = Platform {
+        gpus_per_node: ranks_per_node,
+        cores_per_node: Some(cores),
+        gpu_memory_gib: node_memory_gib / ranks_per_node as f64,
+        framework_overhead_gib: fit.base_bytes / GIB,
+        peak_tflops: base.peak_tflops.iter().map(|(d, v)| (d.clone(), v / base_threads)).collect(),
+        attention_efficiency: one.attention_efficiency.clone(),
+        gemm_efficiency: one.gemm_efficiency.clone(),
+        experts_efficiency: one.experts_efficiency.clone(),
+        runtime: Some(RuntimeCosts {
+            bytes_per_param: fit.bytes_per_param,
+            activation_factor: fit.activation_factor,
+            logits_factor: fit.logits_factor,
+            ..one.runtime
+        }),
+        train_dtype: Some("fp32".into()),
+        ..base
+    };
+    platform.topology.gpu_to_nic = vec![0; ranks_per_node as usize];
+    platform.threads = threads;
+    platform.validate()?;
+    Ok(platform)
+}
+
+/// `platform` with the [`Platform::time_share`] exponent measured from the step-time ratio of one
+/// data-parallel run on twice as many ranks as cores to the same run on as many ranks as cores (each
+/// rank then has half the work and half a core: 1 is a fair share, above 1 is what sharing loses).
+pub fn with_time_share(mut platform: Platform, ratio: f64) -> Result<Platform> {
+    limits::number("time-share calibration", "ratio", ratio, 0.25, 8.0)?;
+    platform.time_share_exponent = Some((2.0 * ratio).log2().clamp(0.5, 4.0));
+    platform.validate()?;
+    Ok(platform)
+}
+
+/// One profiled calibration run of one rank holding the whole model: its thread count, model, training
+/// settings and the seconds per step it booked per profile row (`phase`, `op`).
+#[derive(Clone, Debug)]
+pub struct ProfiledRun {
+    pub threads: u64,
+    /// Ranks of its expert group (1: one rank holds every expert).
+    pub ep: u64,
+    pub spec: ModelSpec,
+    pub cfg: TrainConfig,
+    pub rows: Vec<(String, String, f64)>,
+}
+
+/// `platform` (a CPU platform with `threads` tables) with the step costs of each thread count fitted
+/// from its profiled runs; the top-level ones are those of one thread. Every thread count needs runs.
+pub fn with_step_costs(mut platform: Platform, runs: &[ProfiledRun]) -> Result<Platform> {
+    let cores = platform.cores_per_node.unwrap_or(1);
+    for i in 0..platform.threads.len() {
+        let threads = platform.threads[i].threads;
+        // The platform as a rank of `threads` threads sees it.
+        let seen = platform.for_node_ranks(cores / threads).into_owned();
+        let profiled = |ep_runs: bool| -> Result<Vec<StepRun>> {
+            runs.iter()
+                .filter(|r| r.threads == threads && (r.ep > 1) == ep_runs)
+                .map(|r| {
+                    let measured =
+                        r.rows.iter().filter_map(|(phase, op, s)| WorkClass::of(phase, op).map(|c| (c, *s))).collect();
+                    Ok(StepRun { work: class_work(&r.spec, &seen, &r.cfg, r.ep)?, measured })
+                })
+                .collect()
+        };
+        let (mine, exchange) = (profiled(false)?, profiled(true)?);
+        if mine.is_empty() {
+            return Err(Error::invalid(
+                "step-cost calibration",
+                "runs",
+                format!("has no profiled one-rank run with {threads} threads; profile runs at every thread count"),
+            ));
+        }
+        platform.threads[i].step = Some(fit_step_costs(&mine, &exchange)?);
+    }
+    platform.step_costs = platform.threads.first().and_then(|t| t.step);
     platform.validate()?;
     Ok(platform)
 }

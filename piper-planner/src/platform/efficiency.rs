@@ -24,6 +24,21 @@ pub fn interpolate_log(points: &[[f64; 2]], x: f64) -> f64 {
     last[1]
 }
 
+/// The grid values either side of `x` (sorted `axis`, non-empty) and `x`'s position between them in
+/// log space, clamped to the ends.
+fn bracket(axis: &[u64], x: f64) -> (u64, u64, f64) {
+    let (first, last) = (axis[0], axis[axis.len() - 1]);
+    if x <= first as f64 {
+        return (first, first, 0.0);
+    }
+    if x >= last as f64 {
+        return (last, last, 0.0);
+    }
+    let i = axis.iter().position(|v| *v as f64 >= x).expect("x below the last value");
+    let (lo, hi) = (axis[i - 1], axis[i]);
+    (lo, hi, (x.log2() - (lo as f64).log2()) / ((hi as f64).log2() - (lo as f64).log2()))
+}
+
 impl Platform {
     /// Achieved fraction of peak for `[m × k] · [k × n]`, from the measured tables.
     pub fn gemm_efficiency(&self, m: f64, n: u64, k: u64) -> f64 {
@@ -41,6 +56,38 @@ impl Platform {
             (Some(&(_, e)), _) | (None, Some(&(_, e))) => e,
             (None, None) => unreachable!("validated platforms have at least one GEMM table"),
         }
+    }
+
+    /// Achieved fraction of peak of the routed experts (the runtime's dispatch, grouped SwiGLU GEMMs and
+    /// combine, forward + backward) at `m` tokens per expert, expert width `f` and model width `d`:
+    /// bilinear in `log2(f)` and `log2(d)` over the measured grid (clamped at its edges), each table
+    /// interpolated in `m`. Without experts tables, the GEMM tables at `[m × d] · [d × f]`.
+    pub fn experts_efficiency(&self, m: f64, f: u64, d: u64) -> f64 {
+        if self.experts_efficiency.is_empty() {
+            return self.gemm_efficiency(m, f, d);
+        }
+        if m <= 0.0 {
+            return 1.0;
+        }
+        let axis = |key: fn(&super::spec::GemmTable) -> u64| {
+            let mut v: Vec<u64> = self.experts_efficiency.iter().map(key).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let (fs, ds) = (axis(|t| t.n), axis(|t| t.k));
+        let at = |n: u64, k: u64| {
+            self.experts_efficiency
+                .iter()
+                .find(|t| t.n == n && t.k == k)
+                .map(|t| interpolate_log(&t.points, m))
+                .unwrap_or_else(|| self.gemm_efficiency(m, n, k))
+        };
+        let (f0, f1, tf) = bracket(&fs, f as f64);
+        let (d0, d1, td) = bracket(&ds, d as f64);
+        let low = at(f0, d0) + tf * (at(f1, d0) - at(f0, d0));
+        let high = at(f0, d1) + tf * (at(f1, d1) - at(f0, d1));
+        low + td * (high - low)
     }
 
     /// Achieved fraction of peak of the attention core at sequence length `seq_len`.

@@ -4,12 +4,19 @@ pub mod calibration;
 pub mod efficiency;
 pub mod runtime;
 pub mod spec;
+pub mod step_costs;
+pub mod tables;
+pub mod threads;
 
 use std::path::{Path, PathBuf};
 
-pub use calibration::{MemoryFit, MemoryPoint, fit_memory, with_runtime};
+pub use calibration::{
+    MemoryFit, MemoryPoint, ProfiledRun, fit_memory, with_runtime, with_step_costs, with_time_share,
+};
 pub use runtime::RuntimeCosts;
 pub use spec::{GIB, GemmTable, Level, Link, Platform, Topology};
+pub use step_costs::{ClassWork, StepCosts, StepRun, WorkClass, fit_step_costs};
+pub use threads::{ThreadCosts, threads_per_rank};
 
 use crate::error::{Error, Result};
 

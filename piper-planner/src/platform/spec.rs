@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::tables::GemmTable;
 use crate::error::{Error, Result};
 use crate::limits;
 
@@ -19,8 +20,8 @@ pub struct Platform {
     pub description: String,
     /// GPUs (ranks) per node.
     pub gpus_per_node: u64,
-    /// Cores the node's ranks share, on a CPU platform calibrated with more ranks than cores (absent:
-    /// every rank has its own device).
+    /// Cores the node's ranks share, on a CPU platform (with `threads`; absent: every rank has its own
+    /// device).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cores_per_node: Option<u64>,
     /// Memory of one GPU, GiB.
@@ -31,24 +32,33 @@ pub struct Platform {
     pub memory_gbs: f64,
     /// Attention-core efficiency (achieved / peak) by sequence length: `[[seq_len, efficiency], ...]`.
     pub attention_efficiency: Vec<[f64; 2]>,
-    /// Dense matrix peak per GPU, TFLOP/s, by dtype (`bf16`, `fp16`, `fp32`, ...).
+    /// Dense matrix peak per GPU (per core on a CPU platform with `threads`), TFLOP/s, by dtype (`bf16`,
+    /// `fp16`, `fp32`, ...).
     pub peak_tflops: BTreeMap<String, f64>,
     /// Measured GEMM efficiency tables, one per weight shape.
     pub gemm_efficiency: Vec<GemmTable>,
+    /// Measured efficiency of the runtime's routed experts (n = expert width f, k = model width d, m =
+    /// tokens per expert), a full grid over f and d; absent: the GEMM tables stand for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub experts_efficiency: Vec<GemmTable>,
     pub topology: Topology,
     /// The runtime's non-GEMM costs and real memory, where measured (CPU runtimes; see `runtime.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<super::runtime::RuntimeCosts>,
-}
-
-/// GEMM efficiency for `[m × k] · [k × n]` as a function of `m` (tokens, e.g. tokens per expert).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GemmTable {
-    pub n: u64,
-    pub k: u64,
-    /// `[[m, efficiency], ...]`, increasing `m`.
-    pub points: Vec<[f64; 2]>,
+    /// A CPU platform's compute costs per thread count of a rank (see `threads.rs`); the top-level
+    /// efficiency tables and runtime costs are then those of one thread.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub threads: Vec<super::tables::ThreadCosts>,
+    /// What the runtime pays per class of work, measured from its profiled steps (CPU platforms; see
+    /// `step_costs.rs`); with `threads`, those of one thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_costs: Option<super::step_costs::StepCosts>,
+    /// γ of [`Platform::time_share`] (absent: 1), measured by calibration on CPU platforms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_share_exponent: Option<f64>,
+    /// The dtype the platform's runtime trains in, the planner's default `--dtype` (absent: bf16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_dtype: Option<String>,
 }
 
 /// A network level's cost: per-node bandwidth and a per-message cost.
@@ -245,6 +255,24 @@ impl Platform {
         limits::count(&src, "gpus_per_node", self.gpus_per_node, 1, 1 << 12)?;
         if let Some(c) = self.cores_per_node {
             limits::count(&src, "cores_per_node", c, 1, 1 << 20)?;
+            if self.threads.is_empty() {
+                return bad(
+                    "cores_per_node",
+                    "comes with [[threads]] tables (compute costs per thread count); recalibrate with `scripts/calibrate.sh`",
+                );
+            }
+        }
+        self.validate_threads(&src)?;
+        if let Some(g) = self.time_share_exponent {
+            limits::number(&src, "time_share_exponent", g, 0.5, 4.0)?;
+        }
+        if let Some(sc) = &self.step_costs {
+            sc.validate(&src, "step_costs")?;
+        }
+        if let Some(d) = &self.train_dtype
+            && !self.peak_tflops.contains_key(d)
+        {
+            return bad("train_dtype", "must be one of the dtypes under [peak_tflops]");
         }
         if self.peak_tflops.is_empty() {
             return bad("peak_tflops", "needs at least one dtype with a positive TFLOP/s value");
@@ -280,12 +308,32 @@ impl Platform {
             limits::count(&src, &format!("gemm_efficiency[{i}].n"), table.n, 1, limits::MAX_FFN)?;
             limits::count(&src, &format!("gemm_efficiency[{i}].k"), table.k, 1, limits::MAX_FFN)?;
         }
+        check_experts_grid(&src, "experts_efficiency", &self.experts_efficiency)?;
         check_curve(&src, "attention_efficiency", &self.attention_efficiency)
     }
 }
 
+/// Experts tables: each curve valid, one table per (f, d) of a full grid.
+pub(super) fn check_experts_grid(src: &str, field: &str, tables: &[GemmTable]) -> Result<()> {
+    for (i, t) in tables.iter().enumerate() {
+        check_curve(src, &format!("{field}[{i}].points"), &t.points)?;
+    }
+    let mut fs: Vec<u64> = tables.iter().map(|t| t.n).collect();
+    let mut ds: Vec<u64> = tables.iter().map(|t| t.k).collect();
+    fs.sort_unstable();
+    fs.dedup();
+    ds.sort_unstable();
+    ds.dedup();
+    let full = fs.iter().all(|f| ds.iter().all(|d| tables.iter().filter(|t| t.n == *f && t.k == *d).count() == 1));
+    if full {
+        Ok(())
+    } else {
+        Err(Error::invalid(src, field, "needs exactly one table for each pair of the measured f (n) and d (k) values"))
+    }
+}
+
 /// A curve of `[x, efficiency]` points: non-empty, `x` increasing and positive, efficiency in (0, 1].
-fn check_curve(src: &str, field: &str, points: &[[f64; 2]]) -> Result<()> {
+pub(super) fn check_curve(src: &str, field: &str, points: &[[f64; 2]]) -> Result<()> {
     let ok = !points.is_empty()
         && points.iter().all(|[x, e]| x.is_finite() && *x > 0.0 && *x <= 1e12 && *e >= 1e-6 && *e <= 1.0)
         && points.windows(2).all(|w| w[0][0] < w[1][0]);

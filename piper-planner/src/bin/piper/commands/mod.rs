@@ -71,18 +71,20 @@ pub struct TrainArgs {
     /// Tokens per sequence.
     #[arg(long, default_value_t = 4096)]
     pub seq_len: u64,
-    /// Compute and activation dtype (its peak must be in the platform's [peak_tflops]).
-    #[arg(long, default_value = "bf16", value_parser = ["bf16", "fp16", "fp32", "fp8"])]
-    pub dtype: String,
-    /// Bytes per parameter: weights.
-    #[arg(long, default_value_t = 2.0)]
-    pub weight_bytes: f64,
-    /// Bytes per parameter: gradients.
-    #[arg(long, default_value_t = 2.0)]
-    pub grad_bytes: f64,
-    /// Bytes per parameter: optimizer states (fp32 master weight + Adam m and v = 12).
-    #[arg(long, default_value_t = 12.0)]
-    pub optimizer_bytes: f64,
+    /// Compute and activation dtype (its peak must be in the platform's [peak_tflops]); default: the
+    /// dtype the platform's runtime trains in (`train_dtype`; fp32 on `local`), else bf16.
+    #[arg(long, value_parser = ["bf16", "fp16", "fp32", "fp8"])]
+    pub dtype: Option<String>,
+    /// Bytes per parameter: weights (default: 4 in fp32, else 2).
+    #[arg(long)]
+    pub weight_bytes: Option<f64>,
+    /// Bytes per parameter: gradients (default: 4 in fp32, else 2).
+    #[arg(long)]
+    pub grad_bytes: Option<f64>,
+    /// Bytes per parameter: optimizer states (default: Adam m and v = 8 in fp32; with an fp32 master
+    /// weight, 12, otherwise).
+    #[arg(long)]
+    pub optimizer_bytes: Option<f64>,
     /// Shard optimizer states over data-parallel copies (ZeRO-1).
     #[arg(long)]
     pub zero1: bool,
@@ -95,12 +97,17 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
-    pub fn config(&self) -> TrainConfig {
+    /// The settings on `platform`: the dtype defaults to the one its runtime trains in, the bytes per
+    /// parameter to that dtype's (fp32: 4 + 4 + 8 for AdamW; lower precisions: 2 + 2 + 12 with an fp32
+    /// master weight).
+    pub fn config(&self, platform: &Platform) -> TrainConfig {
+        let dtype = self.dtype.clone().or_else(|| platform.train_dtype.clone()).unwrap_or_else(|| "bf16".into());
+        let (weight, grad, optimizer) = if dtype == "fp32" { (4.0, 4.0, 8.0) } else { (2.0, 2.0, 12.0) };
         TrainConfig {
-            dtype: self.dtype.clone(),
-            weight_bytes: self.weight_bytes,
-            grad_bytes: self.grad_bytes,
-            optimizer_bytes: self.optimizer_bytes,
+            dtype,
+            weight_bytes: self.weight_bytes.unwrap_or(weight),
+            grad_bytes: self.grad_bytes.unwrap_or(grad),
+            optimizer_bytes: self.optimizer_bytes.unwrap_or(optimizer),
             zero1: self.zero1,
             flash_attention: !self.no_flash_attention,
             expert_imbalance: self.expert_imbalance,
@@ -184,7 +191,7 @@ impl OneLayout {
             num_micro_batches: self.num_micro_batches,
             schedule: self.schedule.into(),
             recompute: self.recompute.into(),
-            ..self.train.config()
+            ..self.train.config(&platform)
         };
         cfg.validate_for(&layout)?;
         let split = match &self.split {

@@ -4,7 +4,7 @@ use piper_planner::Result;
 use piper_planner::model::resolve_model;
 use piper_planner::planner::{EpDomain, PlanRequest, plan};
 use piper_planner::platform::resolve_platform;
-use piper_planner::run_plan::RunPlan;
+use piper_planner::run_plan::{RunPlan, runtime_refusal};
 use serde_json::json;
 
 use super::{AlgoArg, RecomputeArg, ScheduleArg, TrainArgs};
@@ -70,8 +70,9 @@ pub fn run(a: Args) -> Result<String> {
     let mut out = String::new();
     let spec = resolve_model(&a.model)?;
     let platform = resolve_platform(&a.platform)?;
+    let base = a.train.config(&platform);
     let req = PlanRequest {
-        base: a.train.config(),
+        base: base.clone(),
         micro_batch_sizes: a.micro_batch_sizes.clone(),
         schedules: a.schedules.iter().map(|s| (*s).into()).collect(),
         recomputes: a.recompute.iter().map(|r| (*r).into()).collect(),
@@ -89,8 +90,10 @@ pub fn run(a: Args) -> Result<String> {
     let start = std::time::Instant::now();
     let report = plan(&spec, &platform, &req)?;
     let search_s = start.elapsed().as_secs_f64();
-    if let (Some(path), Some(best)) = (&a.out, report.plans.first()) {
-        let run = RunPlan::from_candidate(&spec, &platform.name, a.train.seq_len, &a.train.dtype, best);
+    // The plan file holds the best plan the runtime executes (the table may rank others above it).
+    let runnable = report.plans.iter().position(|c| runtime_refusal(&base.dtype, c.recompute).is_none());
+    if let (Some(path), Some(i)) = (&a.out, runnable) {
+        let run = RunPlan::from_candidate(&spec, &platform.name, a.train.seq_len, &base.dtype, &report.plans[i]);
         let text = serde_json::to_string_pretty(&run).expect("json");
         piper_planner::atomic::write_atomic(path, text.as_bytes())
             .map_err(|e| piper_planner::Error::file(path.display().to_string(), format!("cannot write: {e}")))?;
@@ -145,7 +148,10 @@ pub fn run(a: Args) -> Result<String> {
                 c.micro_batch_size.to_string(),
                 c.num_micro_batches.to_string(),
                 c.schedule.name().into(),
-                c.recompute.name().into(),
+                match runtime_refusal(&base.dtype, c.recompute) {
+                    None => c.recompute.name().into(),
+                    Some(_) => format!("{} †", c.recompute.name()),
+                },
                 c.all_to_all.name().into(),
                 gib(c.peak_memory_bytes),
                 secs(c.step_time_s),
@@ -169,10 +175,25 @@ pub fn run(a: Args) -> Result<String> {
             outln!(out, "  {what}: {}", r.reason);
         }
     }
+    if report.plans.iter().any(|c| runtime_refusal(&base.dtype, c.recompute).is_some()) {
+        let why = report.plans.iter().find_map(|c| runtime_refusal(&base.dtype, c.recompute)).expect("some");
+        outln!(out, "† priced only, the runtime does not run it: `{}` {}", why.0, why.1);
+    }
     if let Some(path) = &a.out {
-        match report.plans.first() {
-            Some(_) => outln!(out, "plan written to {}", path.display()),
-            None => outln!(out, "no plan written to {}: nothing is feasible", path.display()),
+        match runnable {
+            Some(0) => outln!(out, "plan written to {}", path.display()),
+            Some(i) => outln!(out, "plan #{} (the best the runtime runs) written to {}", i + 1, path.display()),
+            None if report.plans.is_empty() => {
+                outln!(out, "no plan written to {}: nothing is feasible", path.display())
+            }
+            None => {
+                let (field, why) = runtime_refusal(&base.dtype, report.plans[0].recompute).expect("refused");
+                outln!(
+                    out,
+                    "no plan written to {}: no feasible plan is one the runtime runs (`{field}` {why})",
+                    path.display()
+                )
+            }
         }
     }
     Ok(out)

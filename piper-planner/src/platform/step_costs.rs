@@ -1,0 +1,317 @@
+//! What a CPU runtime really pays per class of work, measured from its own profiled training steps.
+//!
+//! The time model prices GEMM-like work from efficiency tables (their shape dependence: a skinny expert
+//! GEMM runs below a square one) and everything else by the unit it scales with. A runtime fuses and
+//! reorders work (one routed-experts op for permute, SwiGLU experts and combine; attention as one op), so
+//! counting its element-wise passes by hand goes stale with every kernel change. Instead `piper
+//! calibrate`'s runs profile whole training steps of calibration models (`mixtral_train --profile`)
+//! and book each of the runtime's operations into one [`WorkClass`]; [`fit_step_costs`] then takes, per
+//! class, the measured seconds over what the tables (or the class's unit) predict, summed over the runs:
+//! a factor on the tables for GEMM-like classes, a cost per unit for the others.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::limits;
+
+/// Classes of a training step's work, as the runtime's profile books them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkClass {
+    /// Non-expert GEMMs: attention projections, dense and shared MLPs, router gate, LM head.
+    Linear,
+    /// Routed experts: dispatch (permute), grouped SwiGLU GEMMs, combine, and under expert
+    /// parallelism the expert all-to-all.
+    Experts,
+    /// The attention core (scores, softmax, context) and its head concatenation.
+    Attention,
+    /// The rest of a decoder layer: norms, rotary embedding, routing, residuals, autodiff bookkeeping.
+    Layer,
+    /// Softmax cross-entropy over the vocabulary.
+    CrossEntropy,
+    /// Gradient clipping and the optimizer step.
+    Optimizer,
+}
+
+impl WorkClass {
+    /// The class of a runtime profile row (`phase`, `op`); `other` is a phase's remainder.
+    pub fn of(phase: &str, op: &str) -> Option<WorkClass> {
+        match (phase, op) {
+            ("gradients" | "optimizer", _) => Some(WorkClass::Optimizer),
+            ("forward" | "backward", "linear") => Some(WorkClass::Linear),
+            (
+                "forward" | "backward",
+                "routed experts" | "grouped experts" | "swiglu" | "dispatch" | "combine" | "expert exchange",
+            ) => Some(WorkClass::Experts),
+            ("forward" | "backward", "attention" | "concat heads") => Some(WorkClass::Attention),
+            ("forward" | "backward", "cross-entropy") => Some(WorkClass::CrossEntropy),
+            ("forward" | "backward", _) => Some(WorkClass::Layer),
+            _ => None,
+        }
+    }
+}
+
+/// One step's work by class, for one rank and one micro-batch: seconds the efficiency tables give for
+/// the GEMM-like classes, units for the others (token·hidden per decoder layer, token·vocabulary,
+/// parameters).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClassWork {
+    pub linear_table_s: f64,
+    pub experts_table_s: f64,
+    pub attention_table_s: f64,
+    pub layer_token_dims: f64,
+    /// Tokens × routed experts, summed over the MoE layers (routing: scores, selection, their gradient).
+    pub routed_token_experts: f64,
+    pub vocab_tokens: f64,
+    pub params: f64,
+    /// Seconds the links take for the step's expert all-to-alls (0 without expert parallelism).
+    pub exchange_link_s: f64,
+}
+
+/// The measured costs of each class (forward + backward; see the module).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepCosts {
+    /// Measured ÷ table time of the non-expert GEMMs.
+    pub linear: f64,
+    /// Measured ÷ table time of the routed experts.
+    pub experts: f64,
+    /// The same with expert parallelism, whose path is dispatch → all-to-all → grouped experts →
+    /// all-to-all → combine instead of one fused op: everything that path costs beyond the other
+    /// classes and the links' all-to-all time (staging, waits, the permutes), per table second of the
+    /// experts (0: not measured, `experts` stands for it).
+    #[serde(default)]
+    pub experts_exchange: f64,
+    /// Measured ÷ table time of the attention core.
+    pub attention: f64,
+    /// The rest of a decoder layer, ns per token per hidden unit.
+    pub layer_ns: f64,
+    /// Routing beyond it, ns per token per routed expert of a MoE layer.
+    #[serde(default)]
+    pub routing_ns: f64,
+    /// Cross-entropy, ns per token per vocabulary entry.
+    pub cross_entropy_ns: f64,
+    /// Clipping and the optimizer step, ns per parameter.
+    pub optimizer_ns: f64,
+}
+
+impl StepCosts {
+    pub fn validate(&self, src: &str, field: &str) -> Result<()> {
+        let values = [
+            ("linear", self.linear, 1e3),
+            ("experts", self.experts, 1e3),
+            ("experts_exchange", self.experts_exchange, 1e3),
+            ("attention", self.attention, 1e3),
+            ("layer_ns", self.layer_ns, 1e6),
+            ("routing_ns", self.routing_ns, 1e6),
+            ("cross_entropy_ns", self.cross_entropy_ns, 1e6),
+            ("optimizer_ns", self.optimizer_ns, 1e6),
+        ];
+        for (name, v, hi) in values {
+            limits::number(src, &format!("{field}.{name}"), v, 0.0, hi)?;
+        }
+        Ok(())
+    }
+
+    /// The factor on the routed experts' table time for an expert group of `ep` ranks.
+    pub fn experts_factor(&self, ep: u64) -> f64 {
+        if ep > 1 && self.experts_exchange > 0.0 { self.experts_exchange } else { self.experts }
+    }
+
+    /// Forward + backward seconds of `work` (without the optimizer) in an expert group of `ep` ranks.
+    pub fn compute_s(&self, w: &ClassWork, ep: u64) -> f64 {
+        self.linear * w.linear_table_s
+            + self.experts_factor(ep) * w.experts_table_s
+            + self.attention * w.attention_table_s
+            + 1e-9
+                * (self.layer_ns * w.layer_token_dims
+                    + self.routing_ns * w.routed_token_experts
+                    + self.cross_entropy_ns * w.vocab_tokens)
+    }
+}
+
+/// One profiled calibration run: the work the model counts for its step and the seconds per step the
+/// runtime booked per class.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepRun {
+    pub work: ClassWork,
+    pub measured: Vec<(WorkClass, f64)>,
+}
+
+impl StepRun {
+    fn seconds(&self, class: WorkClass) -> f64 {
+        self.measured.iter().filter(|(c, _)| *c == class).map(|(_, s)| s).sum()
+    }
+}
+
+/// Per class, the measured seconds summed over `runs` (one rank each) ÷ what the tables or the units
+/// predict summed; the rest of a layer by least squares over its two units (non-negative); the experts
+/// under expert parallelism from `exchange_runs` (ranks of an expert group), where given.
+pub fn fit_step_costs(runs: &[StepRun], exchange_runs: &[StepRun]) -> Result<StepCosts> {
+    let src = "step-cost calibration";
+    let ratio = |runs: &[StepRun], class: WorkClass, unit: fn(&ClassWork) -> f64, name: &str| {
+        let measured: f64 = runs.iter().map(|r| r.seconds(class)).sum();
+        let predicted: f64 = runs.iter().map(|r| unit(&r.work)).sum();
+        if predicted > 0.0 && measured.is_finite() && measured >= 0.0 {
+            Ok(measured / predicted)
+        } else {
+            Err(Error::invalid(src, name, "the runs have none of this work; profile runs of MoE models"))
+        }
+    };
+    let (layer_ns, routing_ns) = fit_layer(runs).ok_or_else(|| {
+        Error::invalid(
+            src,
+            "layer",
+            "the runs do not vary tokens × width and tokens × experts; add runs of other shapes",
+        )
+    })?;
+    let fitted = StepCosts {
+        linear: ratio(runs, WorkClass::Linear, |w| w.linear_table_s, "linear")?,
+        experts: ratio(runs, WorkClass::Experts, |w| w.experts_table_s, "experts")?,
+        experts_exchange: 0.0,
+        attention: ratio(runs, WorkClass::Attention, |w| w.attention_table_s, "attention")?,
+        layer_ns,
+        routing_ns,
+        cross_entropy_ns: 1e9 * ratio(runs, WorkClass::CrossEntropy, |w| w.vocab_tokens, "cross_entropy")?,
+        optimizer_ns: 1e9 * ratio(runs, WorkClass::Optimizer, |w| w.params, "optimizer")?,
+    };
+    Ok(StepCosts { experts_exchange: fit_experts_exchange(&fitted, exchange_runs)?, ..fitted })
+}
+
+/// The experts' factor under expert parallelism: of the expert-parallel runs' forward + backward
+/// seconds, what the costs fitted without it do not explain (beside the links' all-to-all time), over
+/// the experts' table seconds. The whole step, not the experts' rows alone: the exchange's staging and
+/// waits and the permutes around it are booked partly outside them.
+fn fit_experts_exchange(fitted: &StepCosts, exchange_runs: &[StepRun]) -> Result<f64> {
+    if exchange_runs.is_empty() {
+        return Ok(0.0);
+    }
+    let others = StepCosts { experts: 0.0, ..*fitted };
+    let mut residual = 0.0;
+    let mut table = 0.0;
+    for r in exchange_runs {
+        let compute: f64 = r.measured.iter().filter(|(c, _)| *c != WorkClass::Optimizer).map(|(_, s)| s).sum();
+        residual += compute - others.compute_s(&r.work, 1) - r.work.exchange_link_s;
+        table += r.work.experts_table_s;
+    }
+    if table > 0.0 && residual.is_finite() && residual > 0.0 {
+        Ok(residual / table)
+    } else {
+        Err(Error::invalid(
+            "step-cost calibration",
+            "experts_exchange",
+            "the expert-parallel runs leave no time for their experts; profile MoE models with --ep > 1",
+        ))
+    }
+}
+
+/// `layer seconds = a · token·dims + b · token·experts` by least squares, a and b ≥ 0 (one of them 0
+/// where the unconstrained fit goes negative), in ns.
+fn fit_layer(runs: &[StepRun]) -> Option<(f64, f64)> {
+    let rows: Vec<(f64, f64, f64)> = runs
+        .iter()
+        .map(|r| (r.work.layer_token_dims, r.work.routed_token_experts, 1e9 * r.seconds(WorkClass::Layer)))
+        .collect();
+    let (mut xx, mut xz, mut zz, mut xy, mut zy) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for (x, z, y) in &rows {
+        (xx, xz, zz, xy, zy) = (xx + x * x, xz + x * z, zz + z * z, xy + x * y, zy + z * y);
+    }
+    let det = xx * zz - xz * xz;
+    let one = |sxy: f64, sxx: f64| if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
+    let (a, b) = if det > 1e-12 * xx * zz {
+        ((xy * zz - zy * xz) / det, (zy * xx - xy * xz) / det)
+    } else {
+        (f64::NAN, f64::NAN)
+    };
+    let fit = if a >= 0.0 && b >= 0.0 {
+        (a, b)
+    } else if xx > 0.0 {
+        // A negative (or undetermined) coefficient: keep the better of the two one-unit fits.
+        let sse = |a: f64, b: f64| rows.iter().map(|(x, z, y)| (y - a * x - b * z).powi(2)).sum::<f64>();
+        let (ax, bz) = ((one(xy, xx), 0.0), (0.0, one(zy, zz)));
+        if zz > 0.0 && sse(bz.0, bz.1) < sse(ax.0, ax.1) { bz } else { ax }
+    } else {
+        return None;
+    };
+    fit.0.is_finite().then_some(fit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_rows_fall_into_classes() {
+        assert_eq!(WorkClass::of("forward", "linear"), Some(WorkClass::Linear));
+        assert_eq!(WorkClass::of("backward", "routed experts"), Some(WorkClass::Experts));
+        assert_eq!(WorkClass::of("backward", "rms norm"), Some(WorkClass::Layer));
+        assert_eq!(WorkClass::of("forward", "other"), Some(WorkClass::Layer));
+        assert_eq!(WorkClass::of("optimizer", "adamw"), Some(WorkClass::Optimizer));
+        assert_eq!(WorkClass::of("p2p", "other"), None);
+    }
+
+    /// Runs made from known costs give them back; a class no run has is an error naming it.
+    #[test]
+    fn the_fit_recovers_the_costs_the_runs_were_made_with() {
+        let truth = StepCosts {
+            linear: 1.3,
+            experts: 0.8,
+            experts_exchange: 1.7,
+            attention: 2.0,
+            layer_ns: 4.0,
+            routing_ns: 6.0,
+            cross_entropy_ns: 9.0,
+            optimizer_ns: 3.0,
+        };
+        let run = |scale: f64, experts: f64| {
+            let work = ClassWork {
+                linear_table_s: 0.01 * scale,
+                experts_table_s: 0.02 * scale,
+                attention_table_s: 0.003 * scale,
+                layer_token_dims: 1e6 * scale,
+                routed_token_experts: 1e4 * scale * experts,
+                vocab_tokens: 5e5 * scale,
+                params: 2e6 * scale,
+                exchange_link_s: 0.0,
+            };
+            let measured = vec![
+                (WorkClass::Linear, truth.linear * work.linear_table_s * 0.5),
+                (WorkClass::Linear, truth.linear * work.linear_table_s * 0.5),
+                (WorkClass::Experts, truth.experts * work.experts_table_s),
+                (WorkClass::Attention, truth.attention * work.attention_table_s),
+                (WorkClass::Layer, 1e-9 * truth.layer_ns * work.layer_token_dims),
+                (WorkClass::Layer, 1e-9 * truth.routing_ns * work.routed_token_experts),
+                (WorkClass::CrossEntropy, 1e-9 * truth.cross_entropy_ns * work.vocab_tokens),
+                (WorkClass::Optimizer, 1e-9 * truth.optimizer_ns * work.params),
+            ];
+            StepRun { work, measured }
+        };
+        let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-9;
+        // An expert-parallel run: the other classes as before, the links' time, and the exchange path's
+        // cost booked partly as experts and partly outside them.
+        let mut exchange = run(2.0, 8.0);
+        exchange.work.exchange_link_s = 0.004;
+        let path_s = truth.experts_exchange * exchange.work.experts_table_s + exchange.work.exchange_link_s;
+        exchange.measured.retain(|(c, _)| *c != WorkClass::Experts);
+        exchange.measured.extend([(WorkClass::Experts, 0.7 * path_s), (WorkClass::Layer, 0.3 * path_s)]);
+        let fit = fit_step_costs(&[run(1.0, 8.0), run(3.0, 64.0), run(2.0, 16.0)], &[exchange]).unwrap();
+        assert!(close(fit.experts_exchange, 1.7) && fit.experts_factor(2) == fit.experts_exchange);
+        assert_eq!(fit.experts_factor(1), fit.experts);
+        assert!(close(fit.linear, 1.3) && close(fit.experts, 0.8) && close(fit.attention, 2.0), "{fit:?}");
+        assert!(close(fit.layer_ns, 4.0) && close(fit.routing_ns, 6.0), "{fit:?}");
+        assert!(close(fit.cross_entropy_ns, 9.0) && close(fit.optimizer_ns, 3.0));
+        // Runs that do not tell the units apart: the better one-unit fit, never a negative cost.
+        let same = fit_step_costs(&[run(1.0, 8.0), run(2.0, 8.0)], &[]).unwrap();
+        assert_eq!((same.experts_exchange, same.experts_factor(4)), (0.0, same.experts));
+        assert!(same.layer_ns >= 0.0 && same.routing_ns >= 0.0 && (same.layer_ns == 0.0 || same.routing_ns == 0.0));
+        let mut dense = run(1.0, 8.0);
+        dense.work.experts_table_s = 0.0;
+        let err = fit_step_costs(&[dense], &[]).unwrap_err().to_string();
+        assert!(err.contains("experts"), "{err}");
+        // Expert-parallel runs whose step the other classes already explain: refused, naming the field.
+        let mut idle = run(2.0, 8.0);
+        idle.measured.retain(|(c, _)| *c != WorkClass::Experts);
+        let err = fit_step_costs(&[run(1.0, 8.0), run(3.0, 64.0)], &[idle]).unwrap_err().to_string();
+        assert!(err.contains("experts_exchange"), "{err}");
+    }
+}

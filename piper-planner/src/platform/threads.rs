@@ -1,0 +1,228 @@
+//! A CPU rank is the threads it gets. On a CPU platform the ranks a launcher places on one node share its
+//! cores: the runtime gives each rank's thread pool `cores ÷ local ranks` threads (at least one), so a
+//! rank's speed depends on how many ranks share the node, not on the platform. A CPU platform therefore
+//! carries one set of compute costs per thread count ([`ThreadCosts`]), each measured with every core
+//! busy — `cores ÷ threads` copies of the measurement at once, as that many ranks would run — and
+//! [`Platform::for_node_ranks`] resolves the set a layout's ranks get. One calibration serves every rank
+//! count. More ranks than cores time-share the cores (the time model's `time_share`).
+
+use std::borrow::Cow;
+
+use super::runtime::RuntimeCosts;
+use super::spec::{Platform, check_curve, check_experts_grid};
+pub use super::tables::ThreadCosts;
+use crate::error::{Error, Result};
+use crate::limits;
+
+/// Threads the runtime gives each of `ranks` ranks on a node of `cores` cores (as
+/// `piper_comm::launch::threads_per_rank`).
+pub fn threads_per_rank(cores: u64, ranks: u64) -> u64 {
+    (cores / ranks.max(1)).max(1)
+}
+
+impl Platform {
+    /// This platform as one of `ranks` ranks on a node sees it: on a CPU platform (one with `threads`
+    /// tables) the peak and the compute costs of the thread count each rank gets; otherwise itself.
+    pub fn for_node_ranks(&self, ranks: u64) -> Cow<'_, Platform> {
+        let Some(cores) = self.cores_per_node.filter(|_| !self.threads.is_empty()) else {
+            return Cow::Borrowed(self);
+        };
+        let want = threads_per_rank(cores, ranks);
+        let costs =
+            self.threads.iter().filter(|t| t.threads <= want).max_by_key(|t| t.threads).unwrap_or(&self.threads[0]);
+        let mut p = self.clone();
+        for peak in p.peak_tflops.values_mut() {
+            *peak *= costs.threads as f64;
+        }
+        p.attention_efficiency = costs.attention_efficiency.clone();
+        p.gemm_efficiency = costs.gemm_efficiency.clone();
+        p.experts_efficiency = costs.experts_efficiency.clone();
+        p.step_costs = costs.step.or(self.step_costs);
+        p.runtime = Some(match self.runtime {
+            Some(memory) => RuntimeCosts {
+                bytes_per_param: memory.bytes_per_param,
+                activation_factor: memory.activation_factor,
+                logits_factor: memory.logits_factor,
+                ..costs.runtime
+            },
+            None => costs.runtime,
+        });
+        // Resolved: the tables above are this rank's (`cores_per_node` stays, for `time_share`).
+        p.threads.clear();
+        Cow::Owned(p)
+    }
+
+    /// How much longer a rank's compute takes when `ranks` ranks share the node's cores and a fraction
+    /// `idle` of them waits (a pipeline bubble; MPI ranks oversubscribing a node yield while they wait):
+    /// with more busy ranks `b = ranks · (1 − idle)` than cores, `(b ÷ cores)^γ` (γ =
+    /// `time_share_exponent`, measured by calibration; 1 = a fair share and nothing lost). 1 where every
+    /// rank has its threads.
+    pub fn time_share(&self, ranks: u64, idle: f64) -> f64 {
+        match self.cores_per_node {
+            Some(cores) if ranks > cores => {
+                let busy = ranks as f64 * (1.0 - idle.clamp(0.0, 1.0)) / cores as f64;
+                busy.max(1.0).powf(self.time_share_exponent.unwrap_or(1.0))
+            }
+            _ => 1.0,
+        }
+    }
+
+    /// Checks the `threads` tables: one per thread count, 1 among them, none above the cores.
+    pub(super) fn validate_threads(&self, src: &str) -> Result<()> {
+        if self.threads.is_empty() {
+            return Ok(());
+        }
+        let Some(cores) = self.cores_per_node else {
+            return Err(Error::invalid(src, "cores_per_node", "is needed with [[threads]] tables (the node's cores)"));
+        };
+        let counts: Vec<u64> = self.threads.iter().map(|t| t.threads).collect();
+        if counts[0] != 1 || counts.windows(2).any(|w| w[0] >= w[1]) || counts.iter().any(|t| *t > cores) {
+            return Err(Error::invalid(
+                src,
+                "threads",
+                format!("thread counts must start at 1, increase and stay ≤ cores_per_node = {cores}; got {counts:?}"),
+            ));
+        }
+        for (i, t) in self.threads.iter().enumerate() {
+            limits::count(src, &format!("threads[{i}].threads"), t.threads, 1, 1 << 20)?;
+            check_curve(src, &format!("threads[{i}].attention_efficiency"), &t.attention_efficiency)?;
+            if t.gemm_efficiency.is_empty() {
+                return Err(Error::invalid(src, format!("threads[{i}].gemm_efficiency"), "needs at least one table"));
+            }
+            for (j, g) in t.gemm_efficiency.iter().enumerate() {
+                check_curve(src, &format!("threads[{i}].gemm_efficiency[{j}].points"), &g.points)?;
+            }
+            check_experts_grid(src, &format!("threads[{i}].experts_efficiency"), &t.experts_efficiency)?;
+            t.runtime.validate(src)?;
+            if let Some(sc) = &t.step {
+                sc.validate(src, &format!("threads[{i}].step"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::A2aAlgo::Flat;
+    use crate::layout::{Layout, Schedule, StageSplit, TrainConfig};
+    use crate::model::{LayerKind, ModelSpec, preset};
+    use crate::platform::GemmTable;
+    use crate::time::CostModel;
+
+    /// `local` as a 2-core CPU platform whose 2-thread ranks run their GEMMs at `two` of the doubled
+    /// peak and their other work at half the one-thread cost.
+    fn two_cores(two: f64) -> Platform {
+        let mut p = crate::platform::preset("local").unwrap();
+        p.gpus_per_node = 4;
+        p.topology.gpu_to_nic = vec![0; 4];
+        p.cores_per_node = Some(2);
+        let rc = RuntimeCosts {
+            op_overhead_us: 2.0,
+            norm_ns: 3.0,
+            rope_ns: 5.0,
+            softmax_ns: 7.0,
+            swiglu_ns: 11.0,
+            elementwise_ns: 13.0,
+            optimizer_ns_per_param: 17.0,
+            bytes_per_param: 16.0,
+            activation_factor: 1.0,
+            logits_factor: 1.0,
+        };
+        let one = ThreadCosts {
+            threads: 1,
+            attention_efficiency: p.attention_efficiency.clone(),
+            gemm_efficiency: p.gemm_efficiency.clone(),
+            experts_efficiency: vec![],
+            runtime: rc,
+            step: None,
+        };
+        let flat = |e: f64| vec![GemmTable { n: 1024, k: 1024, points: vec![[1.0, e], [4096.0, e]] }];
+        let halve = |x: f64| x / 2.0;
+        let twice = ThreadCosts {
+            threads: 2,
+            attention_efficiency: vec![[64.0, two]],
+            gemm_efficiency: flat(two),
+            experts_efficiency: vec![],
+            runtime: RuntimeCosts {
+                op_overhead_us: halve(rc.op_overhead_us),
+                norm_ns: halve(rc.norm_ns),
+                rope_ns: halve(rc.rope_ns),
+                softmax_ns: halve(rc.softmax_ns),
+                swiglu_ns: halve(rc.swiglu_ns),
+                elementwise_ns: halve(rc.elementwise_ns),
+                optimizer_ns_per_param: halve(rc.optimizer_ns_per_param),
+                bytes_per_param: 99.0,
+                ..rc
+            },
+            step: None,
+        };
+        p.runtime = Some(RuntimeCosts { bytes_per_param: 20.0, ..rc });
+        p.threads = vec![one, twice];
+        p.validate().unwrap();
+        p
+    }
+
+    #[test]
+    fn a_rank_gets_the_costs_of_its_threads() {
+        let p = two_cores(0.5);
+        let alone = p.for_node_ranks(1);
+        assert_eq!(alone.peak_tflops["fp32"], 2.0 * p.peak_tflops["fp32"]);
+        assert_eq!(alone.gemm_efficiency(100.0, 1024, 1024), 0.5);
+        let rc = alone.runtime.unwrap();
+        assert_eq!((rc.norm_ns, rc.bytes_per_param), (1.5, 20.0), "time from the table, memory from [runtime]");
+        for ranks in [2, 3, 4, 8] {
+            let shared = p.for_node_ranks(ranks);
+            assert_eq!(shared.peak_tflops, p.peak_tflops, "{ranks}");
+            assert_eq!(shared.runtime.unwrap().norm_ns, 3.0, "{ranks}");
+        }
+        let gpu = crate::platform::preset("frontier").unwrap();
+        assert!(matches!(gpu.for_node_ranks(8), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn more_ranks_than_cores_share_them_unless_idle() {
+        let mut p = two_cores(0.5);
+        assert_eq!(p.time_share(2, 0.0), 1.0);
+        assert_eq!(p.time_share(4, 0.0), 2.0);
+        assert_eq!(p.time_share(4, 0.25), 1.5);
+        assert_eq!(p.time_share(4, 0.75), 1.0, "busy ranks fewer than cores");
+        p.time_share_exponent = Some(1.5);
+        assert!((p.time_share(8, 0.0) - 8.0).abs() < 1e-12, "(8/2)^1.5");
+        assert_eq!(crate::platform::preset("frontier").unwrap().time_share(64, 0.0), 1.0);
+    }
+
+    /// One rank with both cores runs its GEMMs at the measured two-thread efficiency of twice the peak:
+    /// a model of GEMMs only (no runtime costs) takes 1 / (2 · 0.5) = the one-thread time at efficiency 1.
+    /// Four pipeline ranks on two cores run max(1, R·(1 − β)/C)^γ times as long as with a core each
+    /// (β the bubble fraction).
+    #[test]
+    fn step_time_follows_the_threads_and_the_sharing() {
+        let spec = ModelSpec { num_layers: 4, layers: vec![LayerKind::Moe; 4], ..preset("tiny").unwrap() };
+        let cfg = |m| TrainConfig {
+            num_micro_batches: m,
+            schedule: Schedule::OneFOneB,
+            dtype: "fp32".into(),
+            ..TrainConfig::new(32)
+        };
+        let p = two_cores(0.5);
+        let one = Layout { pp: 1, ep: 1, dp: 1 };
+        let whole = StageSplit(vec![4]);
+        let alone = CostModel::new(&spec, &p, &one, &cfg(1), Flat).unwrap().predict(&whole);
+        let resolved = p.for_node_ranks(1).into_owned();
+        let same = CostModel::new(&spec, &resolved, &one, &cfg(1), Flat).unwrap().predict(&whole);
+        assert_eq!(alone.step_time_s, same.step_time_s);
+        let four = Layout { pp: 4, ep: 1, dp: 1 };
+        let split = StageSplit(vec![1, 1, 1, 1]);
+        let shared = CostModel::new(&spec, &p, &four, &cfg(4), Flat).unwrap().predict(&split);
+        let own_cores = Platform { cores_per_node: None, threads: vec![], ..p.for_node_ranks(4).into_owned() };
+        let unshared = CostModel::new(&spec, &own_cores, &four, &cfg(4), Flat).unwrap().predict(&split);
+        let factor = (4.0 * (1.0 - unshared.pipeline.bubble_fraction) / 2.0).max(1.0);
+        assert!(factor > 1.0);
+        for (a, b) in unshared.stages.iter().zip(&shared.stages) {
+            assert!((b.forward_s / a.forward_s - factor).abs() < 1e-12, "{} {}", b.forward_s / a.forward_s, factor);
+        }
+        assert!(shared.step_time_s > unshared.step_time_s);
+    }
+}
