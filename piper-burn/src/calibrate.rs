@@ -3,16 +3,18 @@
 //! element-wise), forward + backward through autodiff at a realistic size, the fixed cost of one tensor
 //! op, and the AdamW step per parameter — the [`RuntimeCosts`] the planner prices a step with — and the
 //! GEMM and attention efficiency tables as the runtime's own matmuls achieve them (forward + backward
-//! through autodiff: transposed operands, copies and allocation included). Memory (bytes per
-//! parameter, activation factors, the fixed process memory) is fitted from whole runs by
-//! `scripts/calibrate.sh`, not here.
+//! through autodiff: transposed operands, copies and allocation included). [`measure_rank`] measures
+//! them as a rank of a given thread count; run for every thread count a rank can get, each with every
+//! core busy, the results serve any rank count (a CPU rank is the threads the runtime gives it: see the
+//! planner's `platform::threads`). Memory (bytes per parameter, activation factors, the fixed process memory) is fitted from
+//! whole runs by `scripts/calibrate.sh`, not here.
 
 use std::time::Instant;
 
 use burn::module::{Module, Param};
 use burn::nn::RmsNormConfig;
 use burn::prelude::*;
-use piper_planner::platform::{GemmTable, RuntimeCosts};
+use piper_planner::platform::{GemmTable, RuntimeCosts, ThreadCosts};
 use serde::{Deserialize, Serialize};
 
 use crate::layers::fused::rms_norm;
@@ -89,14 +91,19 @@ pub fn measure_runtime_costs(device: &Device) -> RuntimeCosts {
     }
     let mut model = One { w: Param::from_tensor(Tensor::<1>::zeros([ELEMENTS], device)) };
     let mut optim = AdamW::new(AdamWSettings::default());
-    let optimizer_s = median_of(reps, || {
+    let loss_s = median_of(reps, || {
+        let loss = (model.w.val() * 0.5).sum();
+        let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
+        std::hint::black_box(grads);
+    });
+    let step_s = median_of(reps, || {
         let loss = (model.w.val() * 0.5).sum();
         let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(1e-3, model.clone(), &grads);
         std::hint::black_box(model.w.val().narrow(0, 0, 1).into_data());
     });
-    // The loss and its backward over 1 Mi elements are a few element-wise passes of the same size.
-    let optimizer_s = (optimizer_s / ELEMENTS as f64 - 2.0 * add_s).max(0.0);
+    // The step alone: the loss and its gradient timed the same way, taken off.
+    let optimizer_s = (step_s - loss_s).max(0.0) / ELEMENTS as f64;
     RuntimeCosts {
         op_overhead_us: op_overhead_s * 1e6,
         norm_ns: norm_s * 1e9,
@@ -116,6 +123,8 @@ pub fn measure_runtime_costs(device: &Device) -> RuntimeCosts {
 pub struct Measured {
     pub runtime: RuntimeCosts,
     pub gemm_efficiency: Vec<GemmTable>,
+    /// The routed experts by (f, d), over tokens per expert.
+    pub experts_efficiency: Vec<GemmTable>,
     /// `[[seq_len, efficiency], …]`.
     pub attention_efficiency: Vec<[f64; 2]>,
 }
@@ -131,6 +140,38 @@ fn linear_efficiency(device: &Device, m: usize, n: usize, k: usize, peak_flops: 
         std::hint::black_box((x.grad(&grads).map(|g| g.into_data()), w.grad(&grads).map(|g| g.into_data())));
     });
     (6.0 * (m * n * k) as f64 / t / peak_flops).clamp(1e-6, 1.0)
+}
+
+/// Efficiency of the runtime's routed experts (dispatch, grouped SwiGLU GEMMs, combine — the one op the
+/// MoE block runs), forward + backward, at `m` tokens per expert of 8 experts, top-2, widths `d` and `f`:
+/// 3 × 6·p·d·f FLOPs over the p = t·k rows, routing balanced.
+fn experts_efficiency(device: &Device, m: usize, f: usize, d: usize, peak_flops: f64) -> f64 {
+    let (e, k) = (8usize, 2usize);
+    let t = m * e / k;
+    let idx: Vec<i64> = (0..t * k).map(|i| ((i / k + (i % k) * (e / k)) % e) as i64).collect();
+    let topk_idx_tk = Tensor::<2, Int>::from_data(TensorData::new(idx, [t, k]), device);
+    let plan = crate::moe::permute::PermutePlan::new(&topk_idx_tk, e);
+    let x = leaf(t, d, device);
+    let w = Tensor::<2>::full([t, k], 0.5, device).require_grad();
+    let weights =
+        |a, b| Tensor::<3>::random([e, a, b], burn::tensor::Distribution::Normal(0.0, 0.05), device).require_grad();
+    let (gate, up, down) = (weights(d, f), weights(d, f), weights(f, d));
+    let flops = 3.0 * 6.0 * (t * k * d * f) as f64;
+    let reps = ((2e8 / flops) as usize).clamp(3, 15);
+    let time = median_of(reps, || {
+        let y = kernels_cubecl::routed_experts(
+            x.clone(),
+            w.clone(),
+            &plan.map,
+            gate.clone(),
+            up.clone(),
+            down.clone(),
+            &plan.counts_e,
+        );
+        let grads = y.sum().backward();
+        std::hint::black_box((x.grad(&grads).map(|g| g.into_data()), gate.grad(&grads).map(|g| g.into_data())));
+    });
+    (flops / time / peak_flops).clamp(1e-6, 1.0)
 }
 
 /// Efficiency of the attention core at sequence `s` (8 heads of 64, 4 sequences): scores `q·kᵀ` and the
@@ -162,9 +203,123 @@ pub fn measure(device: &Device, peak_flops: f64) -> Measured {
             points: ms.iter().map(|&m| [m as f64, linear_efficiency(device, m, n, k, peak_flops)]).collect(),
         })
         .collect();
+    let tokens_per_expert = [16usize, 64, 256, 1024];
+    let experts_efficiency = [64usize, 128, 256, 512, 1024]
+        .iter()
+        .flat_map(|&f| [64usize, 128, 256, 512].map(|d| (f, d)))
+        .map(|(f, d)| GemmTable {
+            n: f as u64,
+            k: d as u64,
+            points: tokens_per_expert
+                .iter()
+                .map(|&m| [m as f64, experts_efficiency(device, m, f, d, peak_flops)])
+                .collect(),
+        })
+        .collect();
     let attention_efficiency = [64usize, 128, 256, 512]
         .iter()
         .map(|&s| [s as f64, attention_core_efficiency(device, s, peak_flops)])
         .collect();
-    Measured { runtime, gemm_efficiency, attention_efficiency }
+    Measured { runtime, gemm_efficiency, experts_efficiency, attention_efficiency }
+}
+
+/// Thread counts a rank on a node of `cores` cores can get: the powers of two below `cores`, and
+/// `cores`.
+pub fn thread_counts(cores: usize) -> Vec<usize> {
+    let mut counts: Vec<usize> =
+        std::iter::successors(Some(1usize), |t| Some(t * 2)).take_while(|t| *t < cores).collect();
+    counts.push(cores.max(1));
+    counts
+}
+
+/// [`measure`] as a rank with `threads` threads (this process's thread pool is sized to them, so call
+/// it before anything else uses the pool), against `threads × core_peak_flops`. Run it as the ranks
+/// would run, `cores ÷ threads` processes at once (`scripts/calibrate.sh` does), and combine them with
+/// [`mean_of`].
+pub fn measure_rank(threads: u64, core_peak_flops: f64) -> Result<ThreadCosts, rayon::ThreadPoolBuildError> {
+    rayon::ThreadPoolBuilder::new().num_threads(threads as usize).build_global()?;
+    let device = Device::flex().autodiff();
+    let m = measure(&device, core_peak_flops * threads as f64);
+    Ok(ThreadCosts {
+        threads,
+        attention_efficiency: m.attention_efficiency,
+        gemm_efficiency: m.gemm_efficiency,
+        experts_efficiency: m.experts_efficiency,
+        runtime: m.runtime,
+        step: None,
+    })
+}
+
+/// The mean of measurements of the same thread count and shapes (the ranks measured at once); `None`
+/// when they differ or there are none.
+pub fn mean_of(runs: &[ThreadCosts]) -> Option<ThreadCosts> {
+    let first = runs.first()?;
+    let shapes = |tables: &[GemmTable]| -> Vec<(u64, u64, Vec<f64>)> {
+        tables.iter().map(|g| (g.n, g.k, g.points.iter().map(|p| p[0]).collect())).collect()
+    };
+    let grid = |t: &ThreadCosts| {
+        let attention: Vec<f64> = t.attention_efficiency.iter().map(|p| p[0]).collect();
+        (t.threads, shapes(&t.gemm_efficiency), shapes(&t.experts_efficiency), attention)
+    };
+    if runs.iter().any(|r| grid(r) != grid(first)) {
+        return None;
+    }
+    let n = runs.len() as f64;
+    let mean = |f: &dyn Fn(&ThreadCosts) -> f64| runs.iter().map(f).sum::<f64>() / n;
+    let gemm_efficiency = first
+        .gemm_efficiency
+        .iter()
+        .enumerate()
+        .map(|(t, table)| GemmTable {
+            points: (0..table.points.len())
+                .map(|i| [table.points[i][0], mean(&|m| m.gemm_efficiency[t].points[i][1])])
+                .collect(),
+            ..table.clone()
+        })
+        .collect();
+    let experts_efficiency = first
+        .experts_efficiency
+        .iter()
+        .enumerate()
+        .map(|(t, table)| GemmTable {
+            points: (0..table.points.len())
+                .map(|i| [table.points[i][0], mean(&|m| m.experts_efficiency[t].points[i][1])])
+                .collect(),
+            ..table.clone()
+        })
+        .collect();
+    let attention_efficiency = (0..first.attention_efficiency.len())
+        .map(|i| [first.attention_efficiency[i][0], mean(&|m| m.attention_efficiency[i][1])])
+        .collect();
+    let r = |f: fn(&RuntimeCosts) -> f64| mean(&|m| f(&m.runtime));
+    Some(ThreadCosts {
+        threads: first.threads,
+        attention_efficiency,
+        gemm_efficiency,
+        experts_efficiency,
+        runtime: RuntimeCosts {
+            op_overhead_us: r(|c| c.op_overhead_us),
+            norm_ns: r(|c| c.norm_ns),
+            rope_ns: r(|c| c.rope_ns),
+            softmax_ns: r(|c| c.softmax_ns),
+            swiglu_ns: r(|c| c.swiglu_ns),
+            elementwise_ns: r(|c| c.elementwise_ns),
+            optimizer_ns_per_param: r(|c| c.optimizer_ns_per_param),
+            ..first.runtime
+        },
+        step: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::thread_counts;
+
+    #[test]
+    fn thread_counts_double_up_to_the_cores() {
+        assert_eq!(thread_counts(1), [1]);
+        assert_eq!(thread_counts(2), [1, 2]);
+        assert_eq!(thread_counts(6), [1, 2, 4, 6]);
+        assert_eq!(thread_counts(8), [1, 2, 4, 8]);
+    }
 }

@@ -58,7 +58,9 @@ impl Trained {
     /// The run's summary against `plan` (`flops_per_token` converts tokens/s into the platform MFU).
     pub fn summary(&self, plan: &RunPlan, flops_per_token: f64) -> RunSummary {
         let placements = self.placements.iter().map(ExpertPlacement::ranks_of).collect();
-        RunSummary::new(plan, &self.metrics, &self.peak_rss_bytes, placements, flops_per_token)
+        let mut summary = RunSummary::new(plan, &self.metrics, &self.peak_rss_bytes, placements, flops_per_token);
+        summary.profile = self.profile.as_ref().map(StepProfile::per_step).unwrap_or_default();
+        summary
     }
 }
 

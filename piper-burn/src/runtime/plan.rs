@@ -8,7 +8,7 @@ use piper_planner::layout::{Layout, Recompute, Schedule, StageSplit, TrainConfig
 use piper_planner::model::ModelSpec;
 use piper_planner::planner::{EpDomain, PlanRequest, plan, price};
 use piper_planner::platform::Platform;
-use piper_planner::run_plan::RunPlan;
+use piper_planner::run_plan::{RunPlan, runtime_refusal};
 
 use super::config::RunConfig;
 use super::error::{Result, RuntimeError};
@@ -182,20 +182,8 @@ pub fn check_plan(plan: &RunPlan, spec: &ModelSpec, run: &RunConfig, ranks: usiz
             format!("is {} but the job has {ranks} ranks; launch with mpirun -np {}", plan.gpus, plan.gpus),
         ));
     }
-    if plan.dtype != "fp32" {
-        return Err(RuntimeError::invalid(
-            "plan: `dtype`",
-            format!("is `{}`; the runtime trains in fp32 — re-plan with --dtype fp32", plan.dtype),
-        ));
-    }
-    if plan.recompute != Recompute::None {
-        return Err(RuntimeError::invalid(
-            "plan: `recompute`",
-            format!(
-                "is `{}`; the runtime does not recompute activations yet — re-plan with --recompute none",
-                plan.recompute.name()
-            ),
-        ));
+    if let Some((field, why)) = runtime_refusal(&plan.dtype, plan.recompute) {
+        return Err(RuntimeError::invalid(format!("plan: `{field}`"), why));
     }
     if plan.num_micro_batches as usize > MAX_MICRO_BATCHES {
         return Err(RuntimeError::invalid(

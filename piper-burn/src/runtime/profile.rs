@@ -95,6 +95,42 @@ impl StepProfile {
         out.push(format!("{:<10} {:<16} {:>10} {outside:>9.1} {:>7.1} {:>9}", "outside", "", "", pct(outside), ""));
         out
     }
+
+    /// The table's rows as data, seconds per step: each phase's operations and its `other`, and the
+    /// step's `outside` (what `piper calibrate` fits the step costs from).
+    pub fn per_step(&self) -> Vec<ProfileRow> {
+        let steps = self.steps.max(1) as f64;
+        let mut out = Vec::new();
+        let mut phases: Vec<&str> = self.rows.iter().map(|r| r.phase).collect();
+        phases.dedup();
+        let mut in_phases = 0.0;
+        for phase in phases {
+            let rows: Vec<&OpRecord> = self.rows.iter().filter(|r| r.phase == phase).collect();
+            let Some(total) = rows.iter().find(|r| r.op == PHASE_TOTAL) else { continue };
+            let phase_s = total.total.seconds / steps;
+            in_phases += phase_s;
+            let mut ops_s = 0.0;
+            for r in rows.iter().filter(|r| r.op != PHASE_TOTAL) {
+                ops_s += r.total.seconds / steps;
+                out.push(ProfileRow { phase: phase.into(), op: r.op.into(), seconds: r.total.seconds / steps });
+            }
+            out.push(ProfileRow { phase: phase.into(), op: "other".into(), seconds: phase_s - ops_s });
+        }
+        out.push(ProfileRow {
+            phase: "outside".into(),
+            op: "other".into(),
+            seconds: self.step_seconds / steps - in_phases,
+        });
+        out
+    }
+}
+
+/// One row of a step's profile: seconds per step of an operation in a phase.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ProfileRow {
+    pub phase: String,
+    pub op: String,
+    pub seconds: f64,
 }
 
 #[cfg(test)]

@@ -81,6 +81,8 @@ fn exchange_host<B: Backend>(
     recv_counts: &[usize],
     op: &str,
 ) -> FloatTensor<B> {
+    // `--profile` books the staging and the wait with the transfer.
+    let _p = kernels_cubecl::profile::op("expert exchange", 0.0);
     let device = x.device();
     let width = x.shape()[1];
     let data = read_sync(B::float_into_data(x)).expect("reading rows to exchange");

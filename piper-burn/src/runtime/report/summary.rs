@@ -47,6 +47,9 @@ pub struct RunSummary {
     pub final_loss: f64,
     pub first_loss: f64,
     pub platform: String,
+    /// Rank 0's profile of the steady steps, with `--profile`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub profile: Vec<crate::runtime::profile::ProfileRow>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -100,6 +103,7 @@ impl RunSummary {
             final_loss: tail.iter().map(|m| m.loss).sum::<f64>() / tail.len().max(1) as f64,
             first_loss: metrics.first().map_or(f64::NAN, |m| m.loss),
             platform: plan.platform.clone(),
+            profile: Vec::new(),
         }
     }
 

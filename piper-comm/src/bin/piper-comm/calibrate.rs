@@ -237,6 +237,7 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
         attention_efficiency,
         peak_tflops: BTreeMap::from([("fp32".to_string(), peak / 1e12), ("bf16".to_string(), peak / 1e12)]),
         gemm_efficiency,
+        experts_efficiency: Vec::new(),
         topology: PlatformTopology {
             intra_node_gbs: None,
             intra_node_default_gbs: intra_bw / 1e9,
@@ -253,6 +254,10 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
             system: link,
         },
         runtime: None,
+        threads: Vec::new(),
+        step_costs: None,
+        time_share_exponent: None,
+        train_dtype: None,
     };
     platform.validate().map_err(|e| format!("calibration produced an invalid platform: {e}"))?;
     let path =
