@@ -339,3 +339,55 @@ fn paper_comparison_rows() {
     assert!((0.8..1.25).contains(&ratio), "{largest}");
     assert!(largest["note"].as_str().unwrap().contains("PP="));
 }
+
+/// The published accuracy figures (`benchmarks/results/accuracy.jsonl`) are this model's: `piper
+/// predict` on the committed calibration gives every row's predicted step time and memory again. A
+/// change to the model or the calibration format that moves a prediction fails here until
+/// `benchmarks/accuracy.sh` is rerun.
+#[test]
+fn published_accuracy_rows_are_this_models_predictions() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let platform = format!("{root}/benchmarks/results/platforms/local.toml");
+    let rows = std::fs::read_to_string(format!("{root}/benchmarks/results/accuracy.jsonl")).unwrap();
+    let rows: Vec<Value> = rows.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 48, "4 models × 12 layouts");
+    let (batch, seq) = (16, "127");
+    for r in &rows {
+        let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+        let model = format!("{root}/benchmarks/configs/{}.json", r["model"].as_str().unwrap());
+        let mbs = (batch / (n("micro_batches") * n("ep") * n("dp"))).to_string();
+        let s = |k: &str| n(k).to_string();
+        let (pp, ep, dp, m) = (s("pp"), s("ep"), s("dp"), s("micro_batches"));
+        let v = json(&[
+            "predict",
+            "--model",
+            &model,
+            "--platform",
+            &platform,
+            "--pp",
+            &pp,
+            "--ep",
+            &ep,
+            "--dp",
+            &dp,
+            "--micro-batch-size",
+            &mbs,
+            "--num-micro-batches",
+            &m,
+            "--seq-len",
+            seq,
+            "--schedule",
+            r["schedule"].as_str().unwrap(),
+            "--recompute",
+            "none",
+            "--dtype",
+            "fp32",
+            "--no-flash-attention",
+            "--json",
+        ]);
+        for (key, published) in [("step_time_s", &r["step_time_s"]), ("peak_memory_bytes", &r["peak_memory_bytes"])] {
+            let (now, then) = (v[key].as_f64().unwrap(), published["predicted"].as_f64().unwrap());
+            assert!((now / then - 1.0).abs() < 1e-9, "{key} of {r}: predicted now {now}, published {then}");
+        }
+    }
+}
