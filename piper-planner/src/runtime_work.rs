@@ -167,18 +167,7 @@ mod tests {
         let cfg = TrainConfig { micro_batch_size: 4, dtype: "fp32".into(), ..TrainConfig::new(32) };
         let algo = crate::comm::A2aAlgo::Flat;
         let without = CostModel::new(&spec, &p, &layout, &cfg, algo).unwrap();
-        let rc = RuntimeCosts {
-            op_overhead_us: 2.0,
-            norm_ns: 3.0,
-            rope_ns: 5.0,
-            softmax_ns: 7.0,
-            swiglu_ns: 11.0,
-            elementwise_ns: 13.0,
-            optimizer_ns_per_param: 17.0,
-            bytes_per_param: 16.0,
-            activation_factor: 1.0,
-            logits_factor: 1.0,
-        };
+        let rc = RuntimeCosts::distinct_for_tests();
         let p_rc = crate::platform::Platform { runtime: Some(rc), ..p.clone() };
         let with = CostModel::new(&spec, &p_rc, &layout, &cfg, algo).unwrap();
         for (i, kind) in spec.layers.iter().enumerate() {

@@ -54,4 +54,21 @@ impl RuntimeCosts {
         }
         Ok(())
     }
+
+    /// Costs with distinct values per term, so a test sees which term a figure used.
+    #[cfg(test)]
+    pub(crate) fn distinct_for_tests() -> Self {
+        RuntimeCosts {
+            op_overhead_us: 2.0,
+            norm_ns: 3.0,
+            rope_ns: 5.0,
+            softmax_ns: 7.0,
+            swiglu_ns: 11.0,
+            elementwise_ns: 13.0,
+            optimizer_ns_per_param: 17.0,
+            bytes_per_param: 16.0,
+            activation_factor: 1.0,
+            logits_factor: 1.0,
+        }
+    }
 }

@@ -118,18 +118,7 @@ mod tests {
         p.gpus_per_node = 4;
         p.topology.gpu_to_nic = vec![0; 4];
         p.cores_per_node = Some(2);
-        let rc = RuntimeCosts {
-            op_overhead_us: 2.0,
-            norm_ns: 3.0,
-            rope_ns: 5.0,
-            softmax_ns: 7.0,
-            swiglu_ns: 11.0,
-            elementwise_ns: 13.0,
-            optimizer_ns_per_param: 17.0,
-            bytes_per_param: 16.0,
-            activation_factor: 1.0,
-            logits_factor: 1.0,
-        };
+        let rc = RuntimeCosts::distinct_for_tests();
         let one = ThreadCosts {
             threads: 1,
             attention_efficiency: p.attention_efficiency.clone(),
