@@ -3,7 +3,7 @@
 # configs/heldout{,2}-{mixtral,qwen3}.json; the heldout2 pair is kept out of every design decision): 12 layouts (1, 2 and 4 ranks;
 # EP, DP, PP with GPipe and 1F1B, micro-batch counts) train for STEPS steps under mpirun, REPEATS rounds
 # interleaved (every layout once per round); each layout's median step time and largest peak RSS (its
-# --summary) is set against `piper predict` on ONE calibrated platform (scripts/calibrate.sh, run first
+# --summary) is set against `piper predict` on ONE calibrated platform (`piper calibrate`, run first
 # unless the file exists), whatever the rank count. Per rank count it also reports the planner's regret
 # (measured time of the layout the model ranks first ÷ the fastest measured) and the rank correlation.
 # Writes benchmarks/results/accuracy.json and benchmarks/results/accuracy.png.
@@ -23,11 +23,11 @@ if ! "$python" -c 'import matplotlib' 2>/dev/null; then
     exit 2
 fi
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/piper-target}
-cargo build --release --features mpi --example mixtral_train >&2
+cargo build --release --features mpi --example mixtral_train --example calibrate_runtime >&2
 cargo build --release -p piper-planner --bin piper >&2
 bin=$CARGO_TARGET_DIR/release
 platform=${PLATFORM:-benchmarks/results/platforms/local.toml}
-[[ -f $platform ]] || scripts/calibrate.sh --out "$platform"
+[[ -f $platform ]] || "$bin/piper" calibrate --out "$platform"
 mpi=(mpirun --oversubscribe --bind-to none)
 if [[ $(id -u) == 0 ]]; then mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none); fi
 batch=16

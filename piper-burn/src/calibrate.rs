@@ -7,7 +7,7 @@
 //! them as a rank of a given thread count; run for every thread count a rank can get, each with every
 //! core busy, the results serve any rank count (a CPU rank is the threads the runtime gives it: see the
 //! planner's `platform::threads`). Memory (bytes per parameter, activation factors, the fixed process memory) is fitted from
-//! whole runs by `scripts/calibrate.sh`, not here.
+//! whole runs by `piper calibrate`, not here.
 
 use std::time::Instant;
 
@@ -223,19 +223,9 @@ pub fn measure(device: &Device, peak_flops: f64) -> Measured {
     Measured { runtime, gemm_efficiency, experts_efficiency, attention_efficiency }
 }
 
-/// Thread counts a rank on a node of `cores` cores can get: the powers of two below `cores`, and
-/// `cores`.
-pub fn thread_counts(cores: usize) -> Vec<usize> {
-    let mut counts: Vec<usize> =
-        std::iter::successors(Some(1usize), |t| Some(t * 2)).take_while(|t| *t < cores).collect();
-    counts.push(cores.max(1));
-    counts
-}
-
 /// [`measure`] as a rank with `threads` threads (this process's thread pool is sized to them, so call
 /// it before anything else uses the pool), against `threads × core_peak_flops`. Run it as the ranks
-/// would run, `cores ÷ threads` processes at once (`scripts/calibrate.sh` does), and combine them with
-/// [`mean_of`].
+/// would run, `cores ÷ threads` processes at once (`piper calibrate` does and takes their mean).
 pub fn measure_rank(threads: u64, core_peak_flops: f64) -> Result<ThreadCosts, rayon::ThreadPoolBuildError> {
     rayon::ThreadPoolBuilder::new().num_threads(threads as usize).build_global()?;
     let device = Device::flex().autodiff();
@@ -248,78 +238,4 @@ pub fn measure_rank(threads: u64, core_peak_flops: f64) -> Result<ThreadCosts, r
         runtime: m.runtime,
         step: None,
     })
-}
-
-/// The mean of measurements of the same thread count and shapes (the ranks measured at once); `None`
-/// when they differ or there are none.
-pub fn mean_of(runs: &[ThreadCosts]) -> Option<ThreadCosts> {
-    let first = runs.first()?;
-    let shapes = |tables: &[GemmTable]| -> Vec<(u64, u64, Vec<f64>)> {
-        tables.iter().map(|g| (g.n, g.k, g.points.iter().map(|p| p[0]).collect())).collect()
-    };
-    let grid = |t: &ThreadCosts| {
-        let attention: Vec<f64> = t.attention_efficiency.iter().map(|p| p[0]).collect();
-        (t.threads, shapes(&t.gemm_efficiency), shapes(&t.experts_efficiency), attention)
-    };
-    if runs.iter().any(|r| grid(r) != grid(first)) {
-        return None;
-    }
-    let n = runs.len() as f64;
-    let mean = |f: &dyn Fn(&ThreadCosts) -> f64| runs.iter().map(f).sum::<f64>() / n;
-    let gemm_efficiency = first
-        .gemm_efficiency
-        .iter()
-        .enumerate()
-        .map(|(t, table)| GemmTable {
-            points: (0..table.points.len())
-                .map(|i| [table.points[i][0], mean(&|m| m.gemm_efficiency[t].points[i][1])])
-                .collect(),
-            ..table.clone()
-        })
-        .collect();
-    let experts_efficiency = first
-        .experts_efficiency
-        .iter()
-        .enumerate()
-        .map(|(t, table)| GemmTable {
-            points: (0..table.points.len())
-                .map(|i| [table.points[i][0], mean(&|m| m.experts_efficiency[t].points[i][1])])
-                .collect(),
-            ..table.clone()
-        })
-        .collect();
-    let attention_efficiency = (0..first.attention_efficiency.len())
-        .map(|i| [first.attention_efficiency[i][0], mean(&|m| m.attention_efficiency[i][1])])
-        .collect();
-    let r = |f: fn(&RuntimeCosts) -> f64| mean(&|m| f(&m.runtime));
-    Some(ThreadCosts {
-        threads: first.threads,
-        attention_efficiency,
-        gemm_efficiency,
-        experts_efficiency,
-        runtime: RuntimeCosts {
-            op_overhead_us: r(|c| c.op_overhead_us),
-            norm_ns: r(|c| c.norm_ns),
-            rope_ns: r(|c| c.rope_ns),
-            softmax_ns: r(|c| c.softmax_ns),
-            swiglu_ns: r(|c| c.swiglu_ns),
-            elementwise_ns: r(|c| c.elementwise_ns),
-            optimizer_ns_per_param: r(|c| c.optimizer_ns_per_param),
-            ..first.runtime
-        },
-        step: None,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::thread_counts;
-
-    #[test]
-    fn thread_counts_double_up_to_the_cores() {
-        assert_eq!(thread_counts(1), [1]);
-        assert_eq!(thread_counts(2), [1, 2]);
-        assert_eq!(thread_counts(6), [1, 2, 4, 6]);
-        assert_eq!(thread_counts(8), [1, 2, 4, 8]);
-    }
 }

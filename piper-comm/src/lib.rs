@@ -4,9 +4,11 @@
 //! timeouts that name the operation, the group and the missing ranks), an in-process backend for
 //! single-rank runs and tests, an MPI backend (feature `mpi`), the machine [`Topology`], and the expert
 //! all-to-all algorithms — flat (MPI_Alltoallv), pairwise and HALO. The binary `piper-comm` (feature
-//! `mpi`) runs the multi-rank self-test, the benchmarks (with a deduplicating dispatch) and calibration.
+//! `mpi`) runs the multi-rank self-test and the benchmarks (with a deduplicating dispatch); [`calibrate`]
+//! measures the links and peak that `piper calibrate` starts from.
 
 pub mod alltoall;
+pub mod calibrate;
 pub mod collectives;
 pub mod communicator;
 pub mod error;

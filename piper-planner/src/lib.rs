@@ -7,6 +7,7 @@
 //! No Burn dependency: everything here is arithmetic over specs, so its tests run in seconds.
 
 pub mod atomic;
+pub mod calibrate;
 pub mod checkpoint;
 pub mod class_work;
 pub mod comm;

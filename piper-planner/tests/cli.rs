@@ -391,3 +391,22 @@ fn published_accuracy_rows_are_this_models_predictions() {
         }
     }
 }
+
+/// A calibration that cannot start (its workers are not built) says which and how to build them, and
+/// leaves the platform file a user already has as it was.
+#[test]
+fn calibrate_without_workers_names_the_build_and_keeps_the_old_platform() {
+    let dir = std::env::temp_dir().join(format!("piper-cli-calibrate-{}", std::process::id()));
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let out = dir.join("local.toml");
+    std::fs::write(&out, "the previous calibration").unwrap();
+    let args = ["calibrate", "--out", out.to_str().unwrap(), "--bin-dir", bin.to_str().unwrap()];
+    let line = error_line(&args);
+    assert!(
+        line.contains("mixtral_train not found") && line.contains("cargo build --release --features mpi"),
+        "{line}"
+    );
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "the previous calibration");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,5 +1,5 @@
 //! Calibrating a CPU platform: the runtime's compute costs per thread count of a rank and its memory,
-//! fitted by least squares over whole runs (`scripts/calibrate.sh` drives it).
+//! fitted by least squares over whole runs (`piper calibrate` drives it, [`crate::calibrate`]).
 
 use serde::{Deserialize, Serialize};
 

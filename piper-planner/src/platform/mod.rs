@@ -16,7 +16,7 @@ pub use calibration::{
 pub use runtime::RuntimeCosts;
 pub use spec::{GIB, GemmTable, Level, Link, Platform, Topology};
 pub use step_costs::{ClassWork, StepCosts, StepRun, WorkClass, fit_step_costs};
-pub use threads::{ThreadCosts, threads_per_rank};
+pub use threads::{ThreadCosts, mean_of, thread_counts, threads_per_rank};
 
 use crate::error::{Error, Result};
 
@@ -31,7 +31,7 @@ pub fn preset_names() -> Vec<&'static str> {
     PRESETS.iter().map(|(n, _)| *n).collect()
 }
 
-/// Where `piper-comm calibrate` writes the calibrated `local` platform: `$PIPER_LOCAL_PLATFORM`, else
+/// Where `piper calibrate` writes the calibrated `local` platform: `$PIPER_LOCAL_PLATFORM`, else
 /// `$XDG_CONFIG_HOME/piper/local.toml`, else `~/.config/piper/local.toml`.
 pub fn calibrated_local_path() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("PIPER_LOCAL_PLATFORM") {
@@ -81,7 +81,7 @@ pub fn parse(text: &str, source: &str) -> Result<Platform> {
     Ok(platform)
 }
 
-/// Serialises a platform as TOML (the format `piper-comm calibrate` writes).
+/// Serialises a platform as TOML (the format `piper calibrate` writes).
 pub fn to_toml(platform: &Platform) -> String {
     toml::to_string(platform).expect("a platform always serialises")
 }

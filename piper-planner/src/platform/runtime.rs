@@ -1,5 +1,5 @@
 //! What a software runtime pays beyond GEMMs and communication — measured on the machine by
-//! `scripts/calibrate.sh` through the runtime itself (Burn's CPU backend here). GPU presets leave it out:
+//! `piper calibrate` through the runtime itself (Burn's CPU backend here). GPU presets leave it out:
 //! there the kernels' own efficiency tables stand for it.
 
 use serde::{Deserialize, Serialize};

@@ -1,7 +1,7 @@
 //! `Platform`: what a machine offers — GPUs per node, memory, peak FLOP/s per dtype, measured GEMM and
 //! attention efficiency, and the network as levels (node, switch, group, system) with GPU→NIC affinity.
 //!
-//! Stored as TOML (serde). `piper-comm calibrate` writes the same format for the machine it runs on.
+//! Stored as TOML (serde). `piper calibrate` writes the same format for the machine it runs on.
 
 use std::collections::BTreeMap;
 
@@ -258,7 +258,7 @@ impl Platform {
             if self.threads.is_empty() {
                 return bad(
                     "cores_per_node",
-                    "comes with [[threads]] tables (compute costs per thread count); recalibrate with `scripts/calibrate.sh`",
+                    "comes with [[threads]] tables (compute costs per thread count); recalibrate with `piper calibrate`",
                 );
             }
         }

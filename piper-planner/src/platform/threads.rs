@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 
 use super::runtime::RuntimeCosts;
-use super::spec::{Platform, check_curve, check_experts_grid};
+use super::spec::{GemmTable, Platform, check_curve, check_experts_grid};
 pub use super::tables::ThreadCosts;
 use crate::error::{Error, Result};
 use crate::limits;
@@ -100,6 +100,75 @@ impl Platform {
         }
         Ok(())
     }
+}
+
+/// Thread counts a rank on a node of `cores` cores can get: the powers of two below `cores`, and
+/// `cores`.
+pub fn thread_counts(cores: u64) -> Vec<u64> {
+    let mut counts: Vec<u64> = std::iter::successors(Some(1u64), |t| Some(t * 2)).take_while(|t| *t < cores).collect();
+    counts.push(cores.max(1));
+    counts
+}
+
+/// The mean of measurements of the same thread count and shapes (the ranks measured at once); `None`
+/// when they differ or there are none.
+pub fn mean_of(runs: &[ThreadCosts]) -> Option<ThreadCosts> {
+    let first = runs.first()?;
+    let shapes = |tables: &[GemmTable]| -> Vec<(u64, u64, Vec<f64>)> {
+        tables.iter().map(|g| (g.n, g.k, g.points.iter().map(|p| p[0]).collect())).collect()
+    };
+    let grid = |t: &ThreadCosts| {
+        let attention: Vec<f64> = t.attention_efficiency.iter().map(|p| p[0]).collect();
+        (t.threads, shapes(&t.gemm_efficiency), shapes(&t.experts_efficiency), attention)
+    };
+    if runs.iter().any(|r| grid(r) != grid(first)) {
+        return None;
+    }
+    let n = runs.len() as f64;
+    let mean = |f: &dyn Fn(&ThreadCosts) -> f64| runs.iter().map(f).sum::<f64>() / n;
+    let gemm_efficiency = first
+        .gemm_efficiency
+        .iter()
+        .enumerate()
+        .map(|(t, table)| GemmTable {
+            points: (0..table.points.len())
+                .map(|i| [table.points[i][0], mean(&|m| m.gemm_efficiency[t].points[i][1])])
+                .collect(),
+            ..table.clone()
+        })
+        .collect();
+    let experts_efficiency = first
+        .experts_efficiency
+        .iter()
+        .enumerate()
+        .map(|(t, table)| GemmTable {
+            points: (0..table.points.len())
+                .map(|i| [table.points[i][0], mean(&|m| m.experts_efficiency[t].points[i][1])])
+                .collect(),
+            ..table.clone()
+        })
+        .collect();
+    let attention_efficiency = (0..first.attention_efficiency.len())
+        .map(|i| [first.attention_efficiency[i][0], mean(&|m| m.attention_efficiency[i][1])])
+        .collect();
+    let r = |f: fn(&RuntimeCosts) -> f64| mean(&|m| f(&m.runtime));
+    Some(ThreadCosts {
+        threads: first.threads,
+        attention_efficiency,
+        gemm_efficiency,
+        experts_efficiency,
+        runtime: RuntimeCosts {
+            op_overhead_us: r(|c| c.op_overhead_us),
+            norm_ns: r(|c| c.norm_ns),
+            rope_ns: r(|c| c.rope_ns),
+            softmax_ns: r(|c| c.softmax_ns),
+            swiglu_ns: r(|c| c.swiglu_ns),
+            elementwise_ns: r(|c| c.elementwise_ns),
+            optimizer_ns_per_param: r(|c| c.optimizer_ns_per_param),
+            ..first.runtime
+        },
+        step: None,
+    })
 }
 
 #[cfg(test)]
@@ -213,5 +282,13 @@ mod tests {
             assert!((b.forward_s / a.forward_s - factor).abs() < 1e-12, "{} {}", b.forward_s / a.forward_s, factor);
         }
         assert!(shared.step_time_s > unshared.step_time_s);
+    }
+
+    #[test]
+    fn thread_counts_double_up_to_the_cores() {
+        assert_eq!(thread_counts(1), [1]);
+        assert_eq!(thread_counts(2), [1, 2]);
+        assert_eq!(thread_counts(6), [1, 2, 4, 6]);
+        assert_eq!(thread_counts(8), [1, 2, 4, 8]);
     }
 }

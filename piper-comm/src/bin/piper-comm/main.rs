@@ -1,8 +1,7 @@
-//! `piper-comm`: multi-rank self-test, all-to-all benchmark and platform calibration, run under
+//! `piper-comm`: multi-rank self-test and all-to-all benchmark, run under
 //! `mpirun` / `srun`.
 
 mod bench;
-mod calibrate;
 mod dedup;
 mod selftest;
 
@@ -12,9 +11,8 @@ use piper_comm::{Communicator, Topology};
 /// Piper's communication layer, exercised for real: run me under mpirun or srun.
 ///
 /// `selftest` checks every all-to-all algorithm against a host-side reference on random, skewed, zero and
-/// empty counts; `bench` times the algorithms side by side and writes JSON; `calibrate` measures this
-/// machine (GEMM throughput, bandwidth and latency per topology level) and writes the planner's platform
-/// TOML. Nodes are detected from host name + network namespace, Slurm's SLURM_NODEID, or forced with
+/// empty counts; `bench` times the algorithms side by side and writes JSON (`piper calibrate` measures
+/// the platform). Nodes are detected from host name + network namespace, Slurm's SLURM_NODEID, or forced with
 /// --ranks-per-node (emulation).
 #[derive(Parser)]
 #[command(name = "piper-comm", version)]
@@ -33,7 +31,6 @@ struct Cli {
 enum Command {
     Selftest(selftest::Args),
     Bench(bench::Args),
-    Calibrate(calibrate::Args),
 }
 
 fn main() {
@@ -54,7 +51,6 @@ fn main() {
     let result = match cli.command {
         Command::Selftest(a) => selftest::run(&world, &topo, a),
         Command::Bench(a) => bench::run(&world, &topo, a),
-        Command::Calibrate(a) => calibrate::run(&world, &topo, a),
     };
     if let Err(e) = result {
         let place = if e.contains("on world rank") { String::new() } else { format!("world rank {}: ", world.rank()) };

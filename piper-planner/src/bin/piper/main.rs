@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 /// layout needs per GPU, term by term), then `piper plan` (every layout searched, ranked by predicted
 /// MFU, the rejected ones with their reasons). Models: a preset name (see `piper model --list`), a
 /// Hugging Face config.json, or a native spec. Platforms: frontier, nvlink-8, local, or a TOML file
-/// (`piper-comm calibrate` writes one for the machine it runs on). Add --json for machine-readable output.
+/// (`piper calibrate` writes one for the machine it runs on). Add --json for machine-readable output.
 #[derive(Parser)]
 #[command(name = "piper", version, arg_required_else_help = true)]
 struct Cli {
@@ -33,6 +33,9 @@ enum Command {
     Plan(commands::plan::Args),
     /// Rebalance experts inside an expert group (hill-climbing swaps), or price Piper's worst case.
     Migrate(commands::migrate::Args),
+    /// Measure this machine through the runtime's own binaries and write the platform the planner prices
+    /// with (the `local` preset's file by default).
+    Calibrate(commands::calibrate::Args),
     /// Checkpoints written by the runtime: export one as a Hugging Face model folder.
     Checkpoint(commands::checkpoint::Args),
     /// The planner against the paper's reported figures: paper value, prediction and ratio for each row
@@ -54,14 +57,15 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let result = match cli.command {
-        Command::Model(a) => commands::model::run(a),
-        Command::Memory(a) => commands::memory::run(a),
-        Command::Plan(a) => commands::plan::run(a),
-        Command::Predict(a) => commands::predict::run(a),
-        Command::Migrate(a) => commands::migrate::run(a),
-        Command::Checkpoint(a) => commands::checkpoint::run(a),
-        Command::Paper(a) => commands::paper::run(a),
+    let result: Result<String, Box<dyn std::error::Error>> = match cli.command {
+        Command::Model(a) => commands::model::run(a).map_err(Into::into),
+        Command::Memory(a) => commands::memory::run(a).map_err(Into::into),
+        Command::Plan(a) => commands::plan::run(a).map_err(Into::into),
+        Command::Predict(a) => commands::predict::run(a).map_err(Into::into),
+        Command::Migrate(a) => commands::migrate::run(a).map_err(Into::into),
+        Command::Calibrate(a) => commands::calibrate::run(a).map_err(Into::into),
+        Command::Checkpoint(a) => commands::checkpoint::run(a).map_err(Into::into),
+        Command::Paper(a) => commands::paper::run(a).map_err(Into::into),
     };
     match result {
         Ok(text) => {

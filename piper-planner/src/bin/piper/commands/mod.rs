@@ -1,5 +1,6 @@
 //! Subcommands and the arguments they share.
 
+pub mod calibrate;
 pub mod checkpoint;
 pub mod memory;
 pub mod migrate;

@@ -1,29 +1,17 @@
-//! Calibration, the paper's loop (micro-benchmark → model → plan): measure this machine and write the
-//! planner's platform TOML. Every rank runs the GEMMs at once (one thread each, as ranks would), so the
-//! table is the throughput a rank gets under full load; bandwidth and latency come from ping-pongs inside
-//! a node and, with two or more nodes, between nodes (all ranks of node 0 with their rail peers at once).
+//! The links and peak of a platform, the first measurement of `piper calibrate` (the paper's loop:
+//! micro-benchmark → model → plan), run on every rank of the launch. Every rank runs the GEMMs at once
+//! (as ranks would), so the table is the throughput a rank gets under full load; bandwidth and latency
+//! come from ping-pongs inside a node and, with two or more nodes, between nodes (all ranks of node 0
+//! with their rail peers at once). `piper calibrate` then replaces the compute tables with the runtime's.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use piper_comm::collectives::{all_gather, barrier};
-use piper_comm::communicator::wait_all;
-use piper_comm::launch::{host_cores, local_ranks, threads_per_rank};
-use piper_comm::{Communicator, Topology};
-use piper_planner::platform::{
-    GemmTable, Link, Platform, Topology as PlatformTopology, calibrated_local_path, to_toml,
-};
-
-#[derive(clap::Args)]
-pub struct Args {
-    /// Where to write the platform (default: the `local` preset's calibrated file,
-    /// $PIPER_LOCAL_PLATFORM or ~/.config/piper/local.toml).
-    #[arg(long)]
-    out: Option<std::path::PathBuf>,
-    /// Name of the platform in the file.
-    #[arg(long, default_value = "local")]
-    name: String,
-}
+use crate::collectives::{all_gather, barrier};
+use crate::communicator::{Communicator, wait_all};
+use crate::launch::{host_cores, local_ranks, threads_per_rank};
+use crate::topology::Topology;
+use piper_planner::platform::{GemmTable, Link, Platform, Topology as PlatformTopology};
 
 /// Seconds per call of `f`, the best of `reps` after one warm-up.
 fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
@@ -103,7 +91,7 @@ fn nominal_core_flops() -> (f64, String) {
 }
 
 /// Round-trip ping-pong between group ranks `a` and `b` with `bytes`; returns one-way seconds (on `a`).
-fn ping_pong<C: Communicator>(world: &C, a: usize, b: usize, bytes: usize, reps: usize) -> Result<f64, String> {
+fn ping_pong(world: &dyn Communicator, a: usize, b: usize, bytes: usize, reps: usize) -> Result<f64, String> {
     let me = world.rank();
     let mut best = f64::INFINITY;
     for _ in 0..reps + 1 {
@@ -136,7 +124,16 @@ fn memory_gbs() -> f64 {
     2.0 * src.len() as f64 / t / 1e9 // read + write
 }
 
-pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), String> {
+/// What [`measure_links`] found: the platform (on rank 0) and a one-line summary of it.
+pub struct Links {
+    pub platform: Platform,
+    pub summary: String,
+}
+
+/// Measures the peak, GEMM and attention throughput per rank, the links inside a node and between
+/// nodes, and the memory bandwidth, on every rank of `world` at once; rank 0 gets the platform named
+/// `name`, the other ranks `None`.
+pub fn measure_links(world: &dyn Communicator, topo: &Topology, name: &str) -> Result<Option<Links>, String> {
     let me = world.rank();
     let nodes = topo.nodes();
     let per_node = nodes[0].len();
@@ -191,7 +188,7 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
     };
     let mem = memory_gbs();
     if me != 0 {
-        return Ok(());
+        return Ok(None);
     }
     let (intra_lat, intra_bw) = match intra {
         Some((lat, t)) => (lat, (4 << 20) as f64 / t),
@@ -222,7 +219,7 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
         .map_or(8.0, |kib| kib / 1024.0 / 1024.0);
     let link = Link { node_gbs: net_bw / 1e9, latency_us: net_lat * 1e6 };
     let platform = Platform {
-        name: a.name.clone(),
+        name: name.to_string(),
         description: format!(
             "calibrated by piper-comm on {} ranks ({} per node, {} nodes); peak {peak_how}; {net_note}",
             world.size(),
@@ -260,15 +257,7 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
         train_dtype: None,
     };
     platform.validate().map_err(|e| format!("calibration produced an invalid platform: {e}"))?;
-    let path =
-        a.out.or_else(calibrated_local_path).ok_or("no --out given and no home directory for the default path")?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: cannot create: {e}", dir.display()))?;
-    }
-    // Atomically: the previous calibration stays whole until the new one is complete.
-    piper_planner::atomic::write_atomic(&path, to_toml(&platform).as_bytes())
-        .map_err(|e| format!("{}: cannot write: {e}", path.display()))?;
-    println!(
+    let summary = format!(
         "peak {:.1} GFLOP/s per rank ({peak_how}); GEMM 1024² at m=4096: {:.1} GFLOP/s ({:.0}%); intra-node {:.2} GB/s, {:.1} µs; network {:.3} GB/s per node, {:.1} µs ({net_note}); memory {:.1} GB/s",
         peak / 1e9,
         mean(ms.len() - 1) / 1e9,
@@ -279,6 +268,5 @@ pub fn run<C: Communicator>(world: &C, topo: &Topology, a: Args) -> Result<(), S
         net_lat * 1e6,
         mem
     );
-    println!("platform written to {}", path.display());
-    Ok(())
+    Ok(Some(Links { platform, summary }))
 }

@@ -1,0 +1,76 @@
+//! `piper calibrate`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use piper_planner::calibrate::{CalibrateError, Settings, calibrate};
+use piper_planner::platform::calibrated_local_path;
+
+/// Measure this machine through the runtime's own binaries (`mixtral_train`, `calibrate_runtime`, built
+/// with MPI: the command is in `--help`) and write the platform the planner prices with.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Platform file to write (default: the `local` preset's calibrated file, $PIPER_LOCAL_PLATFORM or
+    /// ~/.config/piper/local.toml, which `--platform local` then reads).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Folder holding the workers or their `examples/` (default: this program's folder).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Most ranks the platform places on one node (default: 2 × cores).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    ranks_per_node: Option<u64>,
+    /// Ranks of the link measurement (default: one per core).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(2..=1 << 20))]
+    link_ranks: Option<u64>,
+    /// Folder for the workers' files (default: a fresh one under the temporary folder, removed after a
+    /// calibration that succeeds).
+    #[arg(long)]
+    work: Option<PathBuf>,
+}
+
+pub fn run(a: Args) -> Result<String, CalibrateError> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let out = a
+        .out
+        .or_else(calibrated_local_path)
+        .ok_or_else(|| CalibrateError::file("--out", "no home folder for the default path; pass --out FILE"))?;
+    let here = std::env::current_exe().map_err(|e| CalibrateError::file("piper", e))?;
+    let bin_dir = a.bin_dir.or_else(|| here.parent().map(PathBuf::from)).unwrap_or_default();
+    let temporary = a.work.is_none();
+    let work = a.work.unwrap_or_else(|| std::env::temp_dir().join(format!("piper-calibrate-{}", std::process::id())));
+    let s = Settings {
+        out,
+        bin_dir,
+        work,
+        cores,
+        link_ranks: a.link_ranks.unwrap_or(cores.max(2)),
+        ranks_per_node: a.ranks_per_node.unwrap_or(2 * cores),
+    };
+    let start = Instant::now();
+    let platform = calibrate(&s, &mut |step| eprintln!("[{:>5.1} s] {step}", start.elapsed().as_secs_f64())).map_err(
+        |e| match e {
+            CalibrateError::Worker { what, why } => {
+                CalibrateError::Worker { what, why: format!("{why} (the workers' files are in {})", s.work.display()) }
+            }
+            other => other,
+        },
+    )?;
+    if temporary {
+        let _ = std::fs::remove_dir_all(&s.work);
+    }
+    let rc = platform.runtime.expect("calibration fits the runtime");
+    Ok(format!(
+        "{}: {cores} cores, up to {} ranks per node, in {:.0} s; one thread: op {:.2} µs, AdamW {:.2} ns per parameter; memory {:.1} B per parameter, activations ×{:.2}, logits ×{:.2}, fixed {:.3} GiB; time sharing γ {:.2}\n",
+        s.out.display(),
+        s.ranks_per_node,
+        start.elapsed().as_secs_f64(),
+        rc.op_overhead_us,
+        rc.optimizer_ns_per_param,
+        rc.bytes_per_param,
+        rc.activation_factor,
+        rc.logits_factor,
+        platform.framework_overhead_gib,
+        platform.time_share_exponent.unwrap_or(f64::NAN),
+    ))
+}

@@ -1,0 +1,102 @@
+//! What `piper calibrate` runs: the calibration models and the training runs it profiles. None of them
+//! is a configuration `benchmarks/accuracy.sh` checks the model on.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// A calibration model: a preset name, or a config embedded here and written to the work folder for the
+/// trainer.
+#[derive(Clone, Copy, Debug)]
+pub struct CalibrationModel {
+    pub name: &'static str,
+    pub config: Option<&'static str>,
+}
+
+const MIXTRAL_S: CalibrationModel = CalibrationModel {
+    name: "train-mixtral-s",
+    config: Some(include_str!("../../presets/calibration/train-mixtral-s.json")),
+};
+const QWEN3_S: CalibrationModel = CalibrationModel {
+    name: "train-qwen3-s",
+    config: Some(include_str!("../../presets/calibration/train-qwen3-s.json")),
+};
+const QWEN3_M: CalibrationModel = CalibrationModel {
+    name: "train-qwen3-m",
+    config: Some(include_str!("../../presets/calibration/train-qwen3-m.json")),
+};
+const DEEPSEEK_M: CalibrationModel = CalibrationModel {
+    name: "train-deepseek-m",
+    config: Some(include_str!("../../presets/calibration/train-deepseek-m.json")),
+};
+const TINY_QWEN3: CalibrationModel = CalibrationModel { name: "tiny-qwen3", config: None };
+const TINY_DEEPSEEK: CalibrationModel = CalibrationModel { name: "tiny-deepseek", config: None };
+
+impl CalibrationModel {
+    /// What the trainer's `--preset` and the planner's `resolve_model` take: the preset name, or the
+    /// config written into `work`.
+    pub fn arg(&self, work: &Path) -> Result<String> {
+        let Some(text) = self.config else { return Ok(self.name.to_string()) };
+        let path = work.join(format!("{}.json", self.name));
+        if !path.exists() {
+            std::fs::write(&path, text)
+                .map_err(|e| Error::file(path.display().to_string(), format!("cannot write: {e}")))?;
+        }
+        Ok(path.display().to_string())
+    }
+}
+
+/// One profiled training run: a model, the sequences of a step, tokens per sequence.
+#[derive(Clone, Copy, Debug)]
+pub struct ProfileRun {
+    pub model: CalibrationModel,
+    pub batch: u64,
+    pub seq: u64,
+}
+
+const fn run(model: CalibrationModel, batch: u64, seq: u64) -> ProfileRun {
+    ProfileRun { model, batch, seq }
+}
+
+/// One-rank runs at every thread count: parameters (2.7M–16M), layer activations (longer sequences grow
+/// the s² attention scores) and logits (vocabularies of 256 and 4096) varied independently. Their
+/// profiles fit the step costs; the runs on every core also fit the memory.
+pub const STEP_RUNS: [ProfileRun; 8] = [
+    run(MIXTRAL_S, 8, 63),
+    run(MIXTRAL_S, 32, 127),
+    run(MIXTRAL_S, 8, 255),
+    run(QWEN3_S, 8, 63),
+    run(QWEN3_M, 4, 127),
+    run(DEEPSEEK_M, 8, 63),
+    run(TINY_QWEN3, 32, 127),
+    run(TINY_DEEPSEEK, 32, 255),
+];
+
+/// Expert-parallel runs (one expert group filling the node) for every thread count below the cores:
+/// the permute → all-to-all → grouped experts → combine path.
+pub const EP_RUNS: [ProfileRun; 3] = [run(MIXTRAL_S, 32, 127), run(QWEN3_M, 4, 127), run(DEEPSEEK_M, 8, 63)];
+
+/// The data-parallel run timed on `cores` and on `2 × cores` ranks (time sharing), in two rounds.
+pub const TIME_SHARE_RUN: ProfileRun = run(MIXTRAL_S, 32, 127);
+pub const TIME_SHARE_ROUNDS: usize = 2;
+
+/// Optimizer steps of each profiled run (the profile skips the first three) and of each time-sharing run.
+pub const PROFILE_STEPS: u64 = 8;
+pub const TIME_SHARE_STEPS: u64 = 10;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::resolve_model;
+
+    #[test]
+    fn every_calibration_run_is_a_model_the_planner_reads() {
+        let work = std::env::temp_dir().join(format!("piper-calibration-runs-{}", std::process::id()));
+        std::fs::create_dir_all(&work).unwrap();
+        for r in STEP_RUNS.iter().chain(&EP_RUNS).chain([&TIME_SHARE_RUN]) {
+            let spec = resolve_model(&r.model.arg(&work).unwrap()).unwrap();
+            assert!(spec.num_layers > 0 && r.batch > 0 && r.seq > 0, "{}", r.model.name);
+        }
+        std::fs::remove_dir_all(&work).unwrap();
+    }
+}

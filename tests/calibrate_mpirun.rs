@@ -1,0 +1,64 @@
+//! `piper calibrate` end to end, as a user runs it: it launches the runtime's workers (links under
+//! mpirun, the cost tables per thread count, profiled training runs, expert-parallel and time-sharing
+//! runs) and writes a platform the planner reads, with compute costs and step costs for every thread
+//! count a rank can get on this node, the fitted memory and the time-sharing exponent; `piper predict`
+//! then prices a model the calibration never ran with it. Run in release (`.ci/run` does, after building
+//! the workers; a debug calibration takes ~15 minutes). Built without `--features mpi`, the test shows
+//! as ignored and names `scripts/test-mpi.sh`, which installs OpenMPI.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{binary, run};
+use piper::planner::platform::{self, thread_counts};
+
+#[test]
+#[cfg_attr(
+    not(feature = "mpi"),
+    ignore = "needs MPI: run scripts/test-mpi.sh (installs OpenMPI, builds with --features mpi)"
+)]
+fn calibrate_writes_a_platform_the_planner_prices_with() {
+    common::require_mpirun();
+    let dir = common::scratch("calibrate");
+    let out = dir.join("local.toml");
+    let piper = binary("", "piper");
+    let bin_dir = piper.parent().expect("target/<profile>").to_path_buf();
+    let mut cmd = Command::new(&piper);
+    cmd.args(["calibrate", "--out", out.to_str().unwrap(), "--bin-dir", bin_dir.to_str().unwrap()])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let (ok, text) = run(cmd, Duration::from_secs(1800));
+    assert!(ok, "piper calibrate failed:\n{text}");
+    assert!(text.contains("4/4") && text.contains(out.to_str().unwrap()), "{text}");
+
+    let p = platform::load(&out).unwrap_or_else(|e| panic!("the calibrated platform does not load: {e}"));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    assert_eq!(p.cores_per_node, Some(cores));
+    let measured: Vec<u64> = p.threads.iter().map(|t| t.threads).collect();
+    assert_eq!(measured, thread_counts(cores), "one set of costs per thread count a rank can get");
+    for t in &p.threads {
+        let step = t.step.as_ref().unwrap_or_else(|| panic!("no step costs at {} thread(s)", t.threads));
+        assert!(step.linear > 0.0 && step.experts > 0.0 && step.optimizer_ns > 0.0, "{step:?}");
+        if cores / t.threads >= 2 {
+            assert!(step.experts_exchange > 0.0, "no expert-parallel factor at {} thread(s)", t.threads);
+        }
+    }
+    let gamma = p.time_share_exponent.expect("time sharing measured");
+    assert!((0.5..=4.0).contains(&gamma), "γ {gamma}");
+    let rc = p.runtime.expect("memory fitted");
+    assert!(rc.bytes_per_param > 0.0 && rc.activation_factor > 0.0 && p.framework_overhead_gib > 0.0, "{rc:?}");
+
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/benchmarks/configs/heldout-qwen3.json");
+    let mut predict = Command::new(&piper);
+    predict.args(["predict", "--model", model, "--platform", out.to_str().unwrap(), "--pp", "1", "--ep", "2"]);
+    predict.args(["--dp", "1", "--micro-batch-size", "4", "--num-micro-batches", "1", "--seq-len", "63"]);
+    predict.args(["--schedule", "1f1b", "--recompute", "none", "--dtype", "fp32", "--json"]);
+    let (ok, text) = run(predict, Duration::from_secs(60));
+    assert!(ok, "piper predict on the calibrated platform failed:\n{text}");
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("predict --json");
+    let step = doc["step_time_s"].as_f64().expect("step_time_s");
+    assert!(step.is_finite() && step > 0.0, "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
