@@ -41,8 +41,10 @@ fn calibrate_writes_a_platform_the_planner_prices_with() {
     for t in &p.threads {
         let step = t.step.as_ref().unwrap_or_else(|| panic!("no step costs at {} thread(s)", t.threads));
         assert!(step.linear > 0.0 && step.experts > 0.0 && step.optimizer_ns > 0.0, "{step:?}");
+        assert!(step.replica_sync > 0.0, "the data-parallel runs' gradient reduction: {step:?}");
         if cores / t.threads >= 2 {
-            assert!(step.experts_exchange > 0.0, "no expert-parallel factor at {} thread(s)", t.threads);
+            let exchange = step.exchange_experts + step.exchange_ns;
+            assert!(exchange > 0.0, "no expert-parallel path cost at {} thread(s): {step:?}", t.threads);
         }
     }
     let gamma = p.time_share_exponent.expect("time sharing measured");

@@ -117,11 +117,23 @@ pub fn class_work(spec: &ModelSpec, platform: &Platform, cfg: &TrainConfig, ep: 
         w.routed_token_experts += routed_token_experts(spec, t, kind);
         // Dispatch and combine, forward and backward.
         w.exchange_link_s += 4.0 * exchange_link_s(spec, platform, cfg, ep, kind, A2aAlgo::Flat)?;
+        w.exchange_token_dims += exchange_token_dims(spec, cfg, ep, kind);
     }
     w.linear_table_s += 3.0 * head_table_s(spec, platform, cfg)?;
     w.vocab_tokens = (1 + spec.mtp_depth) as f64 * t * spec.vocab_size as f64;
     w.params = crate::model::counts::param_breakdown(spec).total() as f64;
     Ok(w)
+}
+
+/// Routed token copies × hidden width of one layer and micro-batch under expert parallelism (0 for a
+/// dense layer or a rank holding every expert): what the exchange path stages, permutes and combines.
+pub fn exchange_token_dims(spec: &ModelSpec, cfg: &TrainConfig, ep: u64, kind: LayerKind) -> f64 {
+    match (kind, &spec.moe) {
+        (LayerKind::Moe, Some(moe)) if ep > 1 => {
+            cfg.tokens_per_micro_batch() as f64 * moe.top_k as f64 * cfg.expert_imbalance * spec.hidden_size as f64
+        }
+        _ => 0.0,
+    }
 }
 
 /// Tokens × routed experts of one layer (0 for a dense layer): the routing work of its router.
@@ -149,11 +161,13 @@ mod tests {
             linear: 1.1,
             experts: 0.9,
             attention: 1.4,
-            experts_exchange: 1.6,
+            exchange_experts: 0.6,
+            exchange_ns: 5.0,
             layer_ns: 12.0,
             routing_ns: 40.0,
             cross_entropy_ns: 1.5,
             optimizer_ns: 2.0,
+            replica_sync: 0.0,
         };
         let platform = Platform { step_costs: Some(sc), ..crate::platform::preset("local").unwrap() };
         for name in ["tiny", "tiny-deepseek", "tiny-qwen3"] {
@@ -168,6 +182,45 @@ mod tests {
             assert!(close(stage.optimizer_s, 1e-9 * sc.optimizer_ns * w.params), "{name}");
             let p = model.predict(&StageSplit(vec![spec.num_layers]));
             assert!(close(p.step_time_s, sc.compute_s(&w, 1) + stage.optimizer_s), "{name}");
+        }
+    }
+
+    /// Data-parallel replicas add their measured reduction share of the stage's compute (every
+    /// micro-batch) to the gradient reduction; expert parallelism alone (replicas that meet at every
+    /// all-to-all) and one rank add nothing.
+    #[test]
+    fn replicas_wait_their_measured_share_of_the_compute() {
+        let sc = |replica_sync| StepCosts {
+            linear: 1.0,
+            experts: 1.0,
+            attention: 1.0,
+            exchange_experts: 0.0,
+            exchange_ns: 0.0,
+            layer_ns: 1.0,
+            routing_ns: 1.0,
+            cross_entropy_ns: 1.0,
+            optimizer_ns: 1.0,
+            replica_sync,
+        };
+        let local = crate::platform::preset("local").unwrap();
+        let spec = preset("tiny").unwrap();
+        for (pp, ep, dp, m) in [(1u64, 1u64, 1u64, 1u64), (1, 1, 2, 1), (1, 2, 1, 1), (1, 2, 2, 2), (2, 1, 2, 4)] {
+            let cfg =
+                TrainConfig { micro_batch_size: 2, num_micro_batches: m, dtype: "fp32".into(), ..TrainConfig::new(32) };
+            let layout = Layout { pp, ep, dp };
+            let stage = |sync: f64| {
+                let platform = Platform { step_costs: Some(sc(sync)), ..local.clone() };
+                CostModel::new(&spec, &platform, &layout, &cfg, A2aAlgo::Flat).unwrap().stage(
+                    0,
+                    0,
+                    spec.num_layers / pp,
+                )
+            };
+            let (with, without) = (stage(0.25), stage(0.0));
+            let want = if dp > 1 { 0.25 * m as f64 * (without.forward_s + without.backward_s) } else { 0.0 };
+            let got = with.grad_reduce_s - without.grad_reduce_s;
+            assert!((got - want).abs() <= 1e-12 * want.max(1e-9), "PP {pp} EP {ep} DP {dp} M {m}: {got} vs {want}");
+            assert_eq!((with.forward_s, with.backward_s), (without.forward_s, without.backward_s));
         }
     }
 }

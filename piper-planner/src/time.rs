@@ -14,7 +14,7 @@ use std::borrow::Cow;
 
 use serde::Serialize;
 
-use crate::class_work::{exchange_link_s, head_table_s, layer_tables, routed_token_experts};
+use crate::class_work::{exchange_link_s, exchange_token_dims, head_table_s, layer_tables, routed_token_experts};
 use crate::comm::{A2aAlgo, GroupShape, all_reduce_s, p2p_s};
 use crate::error::Result;
 use crate::layout::{Layout, Recompute, StageSplit, TrainConfig};
@@ -175,6 +175,7 @@ impl<'a> CostModel<'a> {
                             attention_table_s: 3.0 * tables.attention_s,
                             layer_token_dims: t * d as f64,
                             routed_token_experts: routed_token_experts(spec, t, kind),
+                            exchange_token_dims: exchange_token_dims(spec, cfg, layout.ep, kind),
                             ..Default::default()
                         },
                         layout.ep,
@@ -304,9 +305,18 @@ impl<'a> CostModel<'a> {
             expert_bytes += self.last_extra_grad.1;
         }
         let s = stage as usize;
-        let grad_reduce_s =
-            all_reduce_s(&self.platform, &self.dense_group[s], self.layout.ep * self.layout.dp, dense_bytes)
-                + all_reduce_s(&self.platform, &self.expert_group[s], self.layout.dp, expert_bytes);
+        let (dense_ranks, expert_ranks) = (self.layout.ep * self.layout.dp, self.layout.dp);
+        // Data-parallel replicas wait for the slowest at the reduction (a measured share of their
+        // compute), then the links' ring.
+        let replicas_s = match self.platform.step_costs {
+            Some(sc) if self.layout.dp > 1 => {
+                sc.replica_sync * self.cfg.num_micro_batches as f64 * (sum.forward_s() + sum.backward_s())
+            }
+            _ => 0.0,
+        };
+        let grad_reduce_s = replicas_s
+            + all_reduce_s(&self.platform, &self.dense_group[s], dense_ranks, dense_bytes)
+            + all_reduce_s(&self.platform, &self.expert_group[s], expert_ranks, expert_bytes);
         let params = (dense_bytes + expert_bytes) / self.cfg.grad_bytes.max(1e-9);
         let shard = if self.cfg.zero1 { (self.layout.ep * self.layout.dp) as f64 } else { 1.0 };
         // Read and write weights, gradients and optimizer states once (or the runtime's measured step).
@@ -343,6 +353,7 @@ impl<'a> CostModel<'a> {
                 s.forward_s *= shared;
                 s.backward_s *= shared;
                 s.a2a_s *= shared;
+                s.grad_reduce_s *= shared;
             }
             pipeline = simulate_stages(&stages);
         }

@@ -98,3 +98,32 @@ pub fn step_time(summary: &Path) -> Result<f64> {
         .filter(|t| t.is_finite() && *t > 0.0)
         .ok_or_else(|| CalibrateError::file(summary, "has no positive `step_time_median_s`"))
 }
+
+/// Seconds per step of the profile rows of a run's summary that `pick(phase, op)` selects.
+pub fn profile_seconds(summary: &Path, pick: impl Fn(&str, &str) -> bool) -> Result<f64> {
+    let doc: Value = read_json(summary)?;
+    let rows = doc["profile"]
+        .as_array()
+        .ok_or_else(|| CalibrateError::file(summary, "has no `profile` rows (the trainer ran without --profile)"))?;
+    let mut total = 0.0;
+    for r in rows {
+        let (phase, op) = (r["phase"].as_str().unwrap_or_default(), r["op"].as_str().unwrap_or_default());
+        if pick(phase, op) {
+            total += r["seconds"]
+                .as_f64()
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .ok_or_else(|| CalibrateError::file(summary, "a profile row has no finite `seconds`"))?;
+        }
+    }
+    Ok(total)
+}
+
+/// A rank's forward and backward seconds per step.
+pub fn compute_seconds(summary: &Path) -> Result<f64> {
+    profile_seconds(summary, |phase, _| phase == "forward" || phase == "backward")
+}
+
+/// A rank's gradient all-reduce seconds per step: the `gradients` phase but the norm's square sums.
+pub fn allreduce_seconds(summary: &Path) -> Result<f64> {
+    profile_seconds(summary, |phase, op| phase == "gradients" && op != "square sum")
+}

@@ -28,8 +28,8 @@ use workers::{Job, Workers, run_at_once};
 use crate::atomic::write_atomic;
 use crate::model::resolve_model;
 use crate::platform::{
-    self, MemoryPoint, Platform, ProfiledRun, ThreadCosts, thread_counts, to_toml, with_runtime, with_step_costs,
-    with_time_share,
+    self, DataParallelRuns, MemoryPoint, Platform, ProfiledRun, ThreadCosts, thread_counts, to_toml,
+    with_data_parallel, with_runtime, with_step_costs,
 };
 
 /// What to calibrate and where.
@@ -47,6 +47,9 @@ pub struct Settings {
     pub link_ranks: u64,
     /// Most ranks the platform places on one node.
     pub ranks_per_node: u64,
+    /// Keep the measurements already in `work` (a calibration interrupted, or a refit after a change
+    /// of the model's classes): only what is missing runs.
+    pub reuse: bool,
 }
 
 /// Runs the four steps; `say` hears each step as it starts.
@@ -57,7 +60,7 @@ pub fn calibrate(s: &Settings, say: &mut dyn FnMut(&str)) -> Result<Platform> {
     say(&format!("1/4 links and memory bandwidth on {} rank(s)", s.link_ranks));
     let base_path = s.work.join("base.toml");
     let args = vec!["links".into(), "--out".into(), base_path.display().to_string()];
-    run_at_once(vec![w.under_mpirun("the link measurement".into(), s.link_ranks, &w.measurer, args)], &s.work)?;
+    s.run(vec![w.under_mpirun("the link measurement".into(), s.link_ranks, &w.measurer, args)], &[&base_path])?;
     let base = platform::load(&base_path)?;
     let threads = thread_counts(s.cores);
     say(&format!("2/4 the runtime's costs at {threads:?} thread(s) per rank, every core busy"));
@@ -68,10 +71,10 @@ pub fn calibrate(s: &Settings, say: &mut dyn FnMut(&str)) -> Result<Platform> {
     ));
     let (mut profiled, memory) = profile_one_rank(s, &w, &threads, &base)?;
     profiled.extend(profile_expert_parallel(s, &w, &threads)?);
-    let ratio = time_share_ratio(s, &w)?;
+    let data_parallel = data_parallel_runs(s, &w)?;
     say("4/4 fitting and writing the platform");
     let fitted = with_runtime(base, s.cores, s.ranks_per_node, costs, &memory)?;
-    let fitted = with_time_share(with_step_costs(fitted, &profiled)?, ratio)?;
+    let fitted = with_data_parallel(with_step_costs(fitted, &profiled)?, data_parallel)?;
     if let Some(dir) = s.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| CalibrateError::file(dir, format!("cannot create: {e}")))?;
     }
@@ -79,23 +82,37 @@ pub fn calibrate(s: &Settings, say: &mut dyn FnMut(&str)) -> Result<Platform> {
     Ok(fitted)
 }
 
-/// `cores ÷ threads` copies of `job(copy)` at once, each a process with a pool of `threads` threads.
-fn copies_at_once(s: &Settings, threads: u64, job: impl Fn(u64) -> Job) -> Result<()> {
-    let jobs = (0..(s.cores / threads).max(1))
-        .map(|copy| {
-            let mut j = job(copy);
-            j.env.push(("RAYON_NUM_THREADS".into(), threads.to_string()));
-            j
-        })
-        .collect();
-    run_at_once(jobs, &s.work)
+impl Settings {
+    /// Runs `jobs` at once, unless reusing and every file they write is already there.
+    fn run(&self, jobs: Vec<Job>, writes: &[&Path]) -> Result<()> {
+        if self.reuse && writes.iter().all(|p| p.is_file()) {
+            return Ok(());
+        }
+        run_at_once(jobs, &self.work)
+    }
+
+    /// `cores ÷ threads` copies of `job(copy)` at once, each a process with a pool of `threads`
+    /// threads, writing `file(copy)`.
+    fn copies_at_once(&self, threads: u64, file: impl Fn(u64) -> PathBuf, job: impl Fn(u64) -> Job) -> Result<()> {
+        let copies: Vec<u64> = (0..(self.cores / threads).max(1)).collect();
+        let jobs = copies
+            .iter()
+            .map(|&copy| {
+                let mut j = job(copy);
+                j.env.push(("RAYON_NUM_THREADS".into(), threads.to_string()));
+                j
+            })
+            .collect();
+        let files: Vec<PathBuf> = copies.iter().map(|&c| file(c)).collect();
+        self.run(jobs, &files.iter().map(PathBuf::as_path).collect::<Vec<_>>())
+    }
 }
 
 fn measure_costs(s: &Settings, w: &Workers, threads: &[u64], base: &Path) -> Result<Vec<ThreadCosts>> {
     let mut all = Vec::new();
     for &t in threads {
         let file = |copy: u64| s.work.join(format!("costs-{t}-{copy}.json"));
-        copies_at_once(s, t, |copy| Job {
+        s.copies_at_once(t, file, |copy| Job {
             what: format!("the {t}-thread cost measurement"),
             program: w.measurer.clone(),
             args: ["measure", "--platform", &base.display().to_string(), "--threads", &t.to_string()]
@@ -140,7 +157,7 @@ fn profile_one_rank(
         let spec = resolve_model(&model)?;
         for &t in threads {
             let summary = |copy: u64| s.work.join(format!("summary-{i}-{t}-{copy}.json"));
-            copies_at_once(s, t, |copy| {
+            s.copies_at_once(t, summary, |copy| {
                 let mut args = train_args(run, &model, PROFILE_STEPS, &summary(copy));
                 args.push("--profile".into());
                 Job {
@@ -174,32 +191,40 @@ fn profile_expert_parallel(s: &Settings, w: &Workers, threads: &[u64]) -> Result
             let mut args = train_args(run, &model, PROFILE_STEPS, &summary);
             args.extend(["--ep".into(), ranks.to_string(), "--profile".into()]);
             let what = format!("expert-parallel run {} on {ranks} ranks", run.model.name);
-            run_at_once(vec![w.under_mpirun(what, ranks, &w.trainer, args)], &s.work)?;
+            s.run(vec![w.under_mpirun(what, ranks, &w.trainer, args)], &[&summary])?;
             profiled.push(fit::profiled_run(&summary, spec.clone(), run, t, ranks)?);
         }
     }
     Ok(profiled)
 }
 
-/// Step time of a data-parallel run on `2 × cores` ranks ÷ the same run on `cores` ranks, the median of
-/// interleaved rounds.
-fn time_share_ratio(s: &Settings, w: &Workers) -> Result<f64> {
+/// Data-parallel runs on `cores` and `2 × cores` ranks, profiled, in interleaved rounds: the ratio of
+/// their step times (time sharing), and on `cores` ranks the gradient reduction over a rank's forward +
+/// backward seconds, medians over the rounds.
+fn data_parallel_runs(s: &Settings, w: &Workers) -> Result<DataParallelRuns> {
     let run = &TIME_SHARE_RUN;
     let model = run.model.arg(&s.work)?;
-    let mut ratios = Vec::new();
+    let (mut ratios, mut sync) = (Vec::new(), Vec::new());
     for round in 0..TIME_SHARE_ROUNDS {
-        let mut times = Vec::new();
+        let mut steps = Vec::new();
         for ranks in [s.cores, 2 * s.cores] {
             let summary = s.work.join(format!("share-{ranks}-{round}.json"));
             let mut args = train_args(run, &model, TIME_SHARE_STEPS, &summary);
-            args.extend(["--dp".into(), ranks.to_string()]);
-            let what = format!("time-sharing run on {ranks} ranks");
-            run_at_once(vec![w.under_mpirun(what, ranks, &w.trainer, args)], &s.work)?;
-            times.push(fit::step_time(&summary)?);
+            args.extend(["--dp".into(), ranks.to_string(), "--profile".into()]);
+            let what = format!("data-parallel run on {ranks} ranks");
+            s.run(vec![w.under_mpirun(what, ranks, &w.trainer, args)], &[&summary])?;
+            steps.push(fit::step_time(&summary)?);
+            if ranks == s.cores {
+                sync.push(fit::allreduce_seconds(&summary)? / fit::compute_seconds(&summary)?);
+            }
         }
-        ratios.push(times[1] / times[0]);
+        ratios.push(steps[1] / steps[0]);
     }
-    ratios.sort_by(f64::total_cmp);
-    let mid = ratios.len() / 2;
-    Ok(if ratios.len() % 2 == 0 { (ratios[mid - 1] + ratios[mid]) / 2.0 } else { ratios[mid] })
+    Ok(DataParallelRuns { step_ratio: median(ratios), replica_sync: median(sync) })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len().is_multiple_of(2) { (v[mid - 1] + v[mid]) / 2.0 } else { v[mid] }
 }

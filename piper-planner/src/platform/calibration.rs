@@ -134,12 +134,29 @@ pub fn with_runtime(
     Ok(platform)
 }
 
-/// `platform` with the [`Platform::time_share`] exponent measured from the step-time ratio of one
-/// data-parallel run on twice as many ranks as cores to the same run on as many ranks as cores (each
-/// rank then has half the work and half a core: 1 is a fair share, above 1 is what sharing loses).
-pub fn with_time_share(mut platform: Platform, ratio: f64) -> Result<Platform> {
-    limits::number("time-share calibration", "ratio", ratio, 0.25, 8.0)?;
-    platform.time_share_exponent = Some((2.0 * ratio).log2().clamp(0.5, 4.0));
+/// What data-parallel runs on as many ranks as cores and on twice as many measure.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DataParallelRuns {
+    /// Step time on twice as many ranks as cores ÷ the same run on as many (each rank then has half the
+    /// work and half a core: 1 is a fair share, above 1 is what sharing loses).
+    pub step_ratio: f64,
+    /// The gradient reduction on as many ranks as cores ÷ a rank's forward + backward seconds.
+    pub replica_sync: f64,
+}
+
+/// `platform` with the [`Platform::time_share`] exponent and the replicas' reduction share (for every
+/// thread count) from data-parallel runs.
+pub fn with_data_parallel(mut platform: Platform, runs: DataParallelRuns) -> Result<Platform> {
+    let src = "data-parallel calibration";
+    limits::number(src, "step_ratio", runs.step_ratio, 0.25, 8.0)?;
+    limits::number(src, "replica_sync", runs.replica_sync, 0.0, 10.0)?;
+    platform.time_share_exponent = Some((2.0 * runs.step_ratio).log2().clamp(0.5, 4.0));
+    for t in &mut platform.threads {
+        if let Some(step) = &mut t.step {
+            step.replica_sync = runs.replica_sync;
+        }
+    }
+    platform.step_costs = platform.threads.first().and_then(|t| t.step).or(platform.step_costs);
     platform.validate()?;
     Ok(platform)
 }

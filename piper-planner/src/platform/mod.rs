@@ -11,7 +11,8 @@ pub mod threads;
 use std::path::{Path, PathBuf};
 
 pub use calibration::{
-    MemoryFit, MemoryPoint, ProfiledRun, fit_memory, with_runtime, with_step_costs, with_time_share,
+    DataParallelRuns, MemoryFit, MemoryPoint, ProfiledRun, fit_memory, with_data_parallel, with_runtime,
+    with_step_costs,
 };
 pub use runtime::RuntimeCosts;
 pub use spec::{GIB, GemmTable, Level, Link, Platform, Topology};

@@ -66,6 +66,10 @@ pub struct ClassWork {
     pub params: f64,
     /// Seconds the links take for the step's expert all-to-alls (0 without expert parallelism).
     pub exchange_link_s: f64,
+    /// Routed token copies × hidden width, summed over the MoE layers, under expert parallelism (0
+    /// without): what the exchange path stages, permutes and combines.
+    #[serde(default)]
+    pub exchange_token_dims: f64,
 }
 
 /// The measured costs of each class (forward + backward; see the module).
@@ -76,12 +80,15 @@ pub struct StepCosts {
     pub linear: f64,
     /// Measured ÷ table time of the routed experts.
     pub experts: f64,
-    /// The same with expert parallelism, whose path is dispatch → all-to-all → grouped experts →
-    /// all-to-all → combine instead of one fused op: everything that path costs beyond the other
-    /// classes and the links' all-to-all time (staging, waits, the permutes), per table second of the
-    /// experts (0: not measured, `experts` stands for it).
+    /// Expert parallelism runs dispatch → all-to-all → grouped experts → all-to-all → combine instead
+    /// of one fused op. What that path costs beyond the other classes and the links' all-to-all time is
+    /// `exchange_experts` more seconds per table second of the experts (the unfused grouped GEMMs)…
     #[serde(default)]
-    pub experts_exchange: f64,
+    pub exchange_experts: f64,
+    /// …plus `exchange_ns` per routed token copy × hidden unit of a MoE layer (host staging of the
+    /// exchange, the permutes, the combine). Both 0: not measured.
+    #[serde(default)]
+    pub exchange_ns: f64,
     /// Measured ÷ table time of the attention core.
     pub attention: f64,
     /// The rest of a decoder layer, ns per token per hidden unit.
@@ -93,6 +100,12 @@ pub struct StepCosts {
     pub cross_entropy_ns: f64,
     /// Clipping and the optimizer step, ns per parameter.
     pub optimizer_ns: f64,
+    /// The gradient reduction of data-parallel replicas beyond the links' ring time, as a fraction of a
+    /// replica's forward + backward seconds: replicas run on their own until they sum their gradients,
+    /// so the reduction waits for the slowest (and stages each gradient through host memory). 0: not
+    /// measured.
+    #[serde(default)]
+    pub replica_sync: f64,
 }
 
 impl StepCosts {
@@ -100,12 +113,14 @@ impl StepCosts {
         let values = [
             ("linear", self.linear, 1e3),
             ("experts", self.experts, 1e3),
-            ("experts_exchange", self.experts_exchange, 1e3),
+            ("exchange_experts", self.exchange_experts, 1e3),
+            ("exchange_ns", self.exchange_ns, 1e6),
             ("attention", self.attention, 1e3),
             ("layer_ns", self.layer_ns, 1e6),
             ("routing_ns", self.routing_ns, 1e6),
             ("cross_entropy_ns", self.cross_entropy_ns, 1e6),
             ("optimizer_ns", self.optimizer_ns, 1e6),
+            ("replica_sync", self.replica_sync, 10.0),
         ];
         for (name, v, hi) in values {
             limits::number(src, &format!("{field}.{name}"), v, 0.0, hi)?;
@@ -113,20 +128,17 @@ impl StepCosts {
         Ok(())
     }
 
-    /// The factor on the routed experts' table time for an expert group of `ep` ranks.
-    pub fn experts_factor(&self, ep: u64) -> f64 {
-        if ep > 1 && self.experts_exchange > 0.0 { self.experts_exchange } else { self.experts }
-    }
-
     /// Forward + backward seconds of `work` (without the optimizer) in an expert group of `ep` ranks.
     pub fn compute_s(&self, w: &ClassWork, ep: u64) -> f64 {
+        let experts = if ep > 1 { self.experts + self.exchange_experts } else { self.experts };
         self.linear * w.linear_table_s
-            + self.experts_factor(ep) * w.experts_table_s
+            + experts * w.experts_table_s
             + self.attention * w.attention_table_s
             + 1e-9
                 * (self.layer_ns * w.layer_token_dims
                     + self.routing_ns * w.routed_token_experts
-                    + self.cross_entropy_ns * w.vocab_tokens)
+                    + self.cross_entropy_ns * w.vocab_tokens
+                    + if ep > 1 { self.exchange_ns * w.exchange_token_dims } else { 0.0 })
     }
 }
 
@@ -168,52 +180,60 @@ pub fn fit_step_costs(runs: &[StepRun], exchange_runs: &[StepRun]) -> Result<Ste
     let fitted = StepCosts {
         linear: ratio(runs, WorkClass::Linear, |w| w.linear_table_s, "linear")?,
         experts: ratio(runs, WorkClass::Experts, |w| w.experts_table_s, "experts")?,
-        experts_exchange: 0.0,
+        exchange_experts: 0.0,
+        exchange_ns: 0.0,
         attention: ratio(runs, WorkClass::Attention, |w| w.attention_table_s, "attention")?,
         layer_ns,
         routing_ns,
         cross_entropy_ns: 1e9 * ratio(runs, WorkClass::CrossEntropy, |w| w.vocab_tokens, "cross_entropy")?,
         optimizer_ns: 1e9 * ratio(runs, WorkClass::Optimizer, |w| w.params, "optimizer")?,
+        replica_sync: 0.0,
     };
-    Ok(StepCosts { experts_exchange: fit_experts_exchange(&fitted, exchange_runs)?, ..fitted })
+    let (exchange_experts, exchange_ns) = fit_exchange(&fitted, exchange_runs)?;
+    Ok(StepCosts { exchange_experts, exchange_ns, ..fitted })
 }
 
-/// The experts' factor under expert parallelism: of the expert-parallel runs' forward + backward
-/// seconds, what the costs fitted without it do not explain (beside the links' all-to-all time), over
-/// the experts' table seconds. The whole step, not the experts' rows alone: the exchange's staging and
-/// waits and the permutes around it are booked partly outside them.
-fn fit_experts_exchange(fitted: &StepCosts, exchange_runs: &[StepRun]) -> Result<f64> {
+/// The expert-parallel path's costs: of the expert-parallel runs' forward + backward seconds, what the
+/// one-rank costs do not explain (beside the links' all-to-all time) — the whole step, not the experts'
+/// rows alone: the exchange's staging and waits and the permutes around it are booked partly outside
+/// them — by least squares over the experts' table seconds and the routed token·width (both ≥ 0).
+fn fit_exchange(fitted: &StepCosts, exchange_runs: &[StepRun]) -> Result<(f64, f64)> {
     if exchange_runs.is_empty() {
-        return Ok(0.0);
+        return Ok((0.0, 0.0));
     }
-    let others = StepCosts { experts: 0.0, ..*fitted };
-    let mut residual = 0.0;
-    let mut table = 0.0;
-    for r in exchange_runs {
-        let compute: f64 = r.measured.iter().filter(|(c, _)| *c != WorkClass::Optimizer).map(|(_, s)| s).sum();
-        residual += compute - others.compute_s(&r.work, 1) - r.work.exchange_link_s;
-        table += r.work.experts_table_s;
-    }
-    if table > 0.0 && residual.is_finite() && residual > 0.0 {
-        Ok(residual / table)
-    } else {
-        Err(Error::invalid(
+    let rows: Vec<(f64, f64, f64)> = exchange_runs
+        .iter()
+        .map(|r| {
+            let compute: f64 = r.measured.iter().filter(|(c, _)| *c != WorkClass::Optimizer).map(|(_, s)| s).sum();
+            let residual = compute - fitted.compute_s(&r.work, 1) - r.work.exchange_link_s;
+            (r.work.experts_table_s, 1e-9 * r.work.exchange_token_dims, residual)
+        })
+        .collect();
+    let total: f64 = rows.iter().map(|r| r.2).sum();
+    match nonnegative_least_squares(&rows) {
+        Some((a, b)) if total.is_finite() && total > 0.0 => Ok((a, b)),
+        _ => Err(Error::invalid(
             "step-cost calibration",
-            "experts_exchange",
-            "the expert-parallel runs leave no time for their experts; profile MoE models with --ep > 1",
-        ))
+            "exchange_experts",
+            "the expert-parallel runs cost no more than one rank's fused experts; profile MoE models with --ep > 1",
+        )),
     }
 }
 
-/// `layer seconds = a · token·dims + b · token·experts` by least squares, a and b ≥ 0 (one of them 0
-/// where the unconstrained fit goes negative), in ns.
+/// `layer seconds = a · token·dims + b · token·experts` by least squares, a and b ≥ 0, in ns.
 fn fit_layer(runs: &[StepRun]) -> Option<(f64, f64)> {
     let rows: Vec<(f64, f64, f64)> = runs
         .iter()
         .map(|r| (r.work.layer_token_dims, r.work.routed_token_experts, 1e9 * r.seconds(WorkClass::Layer)))
         .collect();
+    nonnegative_least_squares(&rows)
+}
+
+/// `y = a · x + b · z` over rows `(x, z, y)` by least squares, a and b ≥ 0 (one of them 0 where the
+/// unconstrained fit goes negative); `None` when no row has any x.
+fn nonnegative_least_squares(rows: &[(f64, f64, f64)]) -> Option<(f64, f64)> {
     let (mut xx, mut xz, mut zz, mut xy, mut zy) = (0.0, 0.0, 0.0, 0.0, 0.0);
-    for (x, z, y) in &rows {
+    for (x, z, y) in rows {
         (xx, xz, zz, xy, zy) = (xx + x * x, xz + x * z, zz + z * z, xy + x * y, zy + z * y);
     }
     let det = xx * zz - xz * xz;
@@ -256,12 +276,14 @@ mod tests {
         let truth = StepCosts {
             linear: 1.3,
             experts: 0.8,
-            experts_exchange: 1.7,
+            exchange_experts: 0.5,
+            exchange_ns: 7.0,
             attention: 2.0,
             layer_ns: 4.0,
             routing_ns: 6.0,
             cross_entropy_ns: 9.0,
             optimizer_ns: 3.0,
+            replica_sync: 0.0,
         };
         let run = |scale: f64, experts: f64| {
             let work = ClassWork {
@@ -273,6 +295,7 @@ mod tests {
                 vocab_tokens: 5e5 * scale,
                 params: 2e6 * scale,
                 exchange_link_s: 0.0,
+                exchange_token_dims: 0.0,
             };
             let measured = vec![
                 (WorkClass::Linear, truth.linear * work.linear_table_s * 0.5),
@@ -287,22 +310,34 @@ mod tests {
             StepRun { work, measured }
         };
         let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-9;
-        // An expert-parallel run: the other classes as before, the links' time, and the exchange path's
-        // cost booked partly as experts and partly outside them.
-        let mut exchange = run(2.0, 8.0);
-        exchange.work.exchange_link_s = 0.004;
-        let path_s = truth.experts_exchange * exchange.work.experts_table_s + exchange.work.exchange_link_s;
-        exchange.measured.retain(|(c, _)| *c != WorkClass::Experts);
-        exchange.measured.extend([(WorkClass::Experts, 0.7 * path_s), (WorkClass::Layer, 0.3 * path_s)]);
-        let fit = fit_step_costs(&[run(1.0, 8.0), run(3.0, 64.0), run(2.0, 16.0)], &[exchange]).unwrap();
-        assert!(close(fit.experts_exchange, 1.7) && fit.experts_factor(2) == fit.experts_exchange);
-        assert_eq!(fit.experts_factor(1), fit.experts);
+        // Expert-parallel runs: the other classes as before, the links' time, and the exchange path's
+        // cost (per experts' table second and per routed token·width) booked partly as experts and
+        // partly outside them.
+        let exchange = |scale: f64, token_dims: f64| {
+            let mut r = run(scale, 8.0);
+            r.work.exchange_link_s = 0.004;
+            r.work.exchange_token_dims = token_dims;
+            let path_s = (truth.experts + truth.exchange_experts) * r.work.experts_table_s
+                + 1e-9 * truth.exchange_ns * token_dims
+                + r.work.exchange_link_s;
+            r.measured.retain(|(c, _)| *c != WorkClass::Experts);
+            r.measured.extend([(WorkClass::Experts, 0.7 * path_s), (WorkClass::Layer, 0.3 * path_s)]);
+            r
+        };
+        let fit = fit_step_costs(
+            &[run(1.0, 8.0), run(3.0, 64.0), run(2.0, 16.0)],
+            &[exchange(2.0, 4e6), exchange(1.0, 8e6), exchange(3.0, 1e6)],
+        )
+        .unwrap();
+        assert!(close(fit.exchange_experts, 0.5) && close(fit.exchange_ns, 7.0), "{fit:?}");
+        let w = exchange(2.0, 4e6).work;
+        assert!(close(fit.compute_s(&w, 2) - fit.compute_s(&w, 1), 0.5 * w.experts_table_s + 7e-9 * 4e6));
         assert!(close(fit.linear, 1.3) && close(fit.experts, 0.8) && close(fit.attention, 2.0), "{fit:?}");
         assert!(close(fit.layer_ns, 4.0) && close(fit.routing_ns, 6.0), "{fit:?}");
         assert!(close(fit.cross_entropy_ns, 9.0) && close(fit.optimizer_ns, 3.0));
         // Runs that do not tell the units apart: the better one-unit fit, never a negative cost.
         let same = fit_step_costs(&[run(1.0, 8.0), run(2.0, 8.0)], &[]).unwrap();
-        assert_eq!((same.experts_exchange, same.experts_factor(4)), (0.0, same.experts));
+        assert_eq!((same.exchange_experts, same.exchange_ns), (0.0, 0.0));
         assert!(same.layer_ns >= 0.0 && same.routing_ns >= 0.0 && (same.layer_ns == 0.0 || same.routing_ns == 0.0));
         let mut dense = run(1.0, 8.0);
         dense.work.experts_table_s = 0.0;
@@ -312,6 +347,6 @@ mod tests {
         let mut idle = run(2.0, 8.0);
         idle.measured.retain(|(c, _)| *c != WorkClass::Experts);
         let err = fit_step_costs(&[run(1.0, 8.0), run(3.0, 64.0)], &[idle]).unwrap_err().to_string();
-        assert!(err.contains("experts_exchange"), "{err}");
+        assert!(err.contains("exchange_experts"), "{err}");
     }
 }

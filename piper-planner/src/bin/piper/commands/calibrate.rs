@@ -27,6 +27,10 @@ pub struct Args {
     /// calibration that succeeds).
     #[arg(long)]
     work: Option<PathBuf>,
+    /// Keep the measurements already in --work: only what is missing runs (resume an interrupted
+    /// calibration, or refit after a change of the resource model without measuring again).
+    #[arg(long, requires = "work")]
+    reuse: bool,
 }
 
 pub fn run(a: Args) -> Result<String, CalibrateError> {
@@ -46,6 +50,7 @@ pub fn run(a: Args) -> Result<String, CalibrateError> {
         cores,
         link_ranks: a.link_ranks.unwrap_or(cores.max(2)),
         ranks_per_node: a.ranks_per_node.unwrap_or(2 * cores),
+        reuse: a.reuse,
     };
     let start = Instant::now();
     let platform = calibrate(&s, &mut |step| eprintln!("[{:>5.1} s] {step}", start.elapsed().as_secs_f64())).map_err(
