@@ -6,9 +6,10 @@
 # --summary) is set against `piper predict` on ONE calibrated platform (`piper calibrate`, run first
 # unless the file exists), whatever the rank count. Per rank count it also reports the planner's regret
 # (measured time of the layout the model ranks first ÷ the fastest measured) and the rank correlation.
-# Writes benchmarks/results/accuracy.json and benchmarks/results/accuracy.png.
+# Writes OUT.jsonl, OUT.json and OUT.png (OUT defaults to benchmarks/results/accuracy).
 #
-#   PYTHON=/path/with/matplotlib [REPEATS=3] [PLATFORM=FILE] [MODELS="a.json b.json"] benchmarks/accuracy.sh [STEPS]
+#   PYTHON=/path/with/matplotlib [REPEATS=3] [PLATFORM=FILE] [MODELS="a.json b.json"] [OUT=PREFIX] \
+#       benchmarks/accuracy.sh [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-10}
@@ -54,7 +55,8 @@ for rep in $(seq 1 "$repeats"); do
         done
     done
 done
-out=benchmarks/results/accuracy.jsonl
+prefix=${OUT:-benchmarks/results/accuracy}
+out=$prefix.jsonl
 : >"$out"
 for mi in "${!models[@]}"; do
     model=${models[$mi]}
@@ -85,7 +87,7 @@ PY
         tail -n 1 "$out" | "$python" -c 'import json,sys; d=json.loads(sys.stdin.read()); t,m=d["step_time_s"],d["peak_memory_bytes"]; print("%-16s R=%d PP=%d EP=%d DP=%d M=%d %-5s step %7.1f ms (spread %4.1f%%) predicted %7.1f (%+5.1f%%)  memory %6.1f MiB predicted %6.1f (%+5.1f%%)" % (d["model"], d["ranks"], d["pp"], d["ep"], d["dp"], d["micro_batches"], d["schedule"], 1e3*t["measured"], 100*d["step_time_spread"], 1e3*t["predicted"], 100*t["error"], m["measured"]/2**20, m["predicted"]/2**20, 100*m["error"]))' >&2
     done
 done
-"$python" - "$out" benchmarks/results/accuracy.json benchmarks/results/accuracy.png <<'PY'
+"$python" - "$out" "$prefix.json" "$prefix.png" <<'PY'
 import json, statistics, sys
 import matplotlib
 matplotlib.use("Agg")

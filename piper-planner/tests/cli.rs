@@ -348,9 +348,13 @@ fn paper_comparison_rows() {
 fn published_accuracy_rows_are_this_models_predictions() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     let platform = format!("{root}/benchmarks/results/platforms/local.toml");
-    let rows = std::fs::read_to_string(format!("{root}/benchmarks/results/accuracy.jsonl")).unwrap();
-    let rows: Vec<Value> = rows.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(rows.len(), 48, "4 models × 12 layouts");
+    let read = |name: &str| -> Vec<Value> {
+        let text = std::fs::read_to_string(format!("{root}/benchmarks/results/{name}")).unwrap();
+        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let (tuned_on, fresh) = (read("accuracy.jsonl"), read("accuracy-heldout3.jsonl"));
+    assert_eq!((tuned_on.len(), fresh.len()), (48, 24), "4 and 2 models × 12 layouts");
+    let rows: Vec<Value> = tuned_on.into_iter().chain(fresh).collect();
     let (batch, seq) = (16, "127");
     for r in &rows {
         let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
