@@ -2,7 +2,8 @@
 //! mpirun, the cost tables per thread count, profiled training runs, expert-parallel and time-sharing
 //! runs) and writes a platform the planner reads, with compute costs and step costs for every thread
 //! count a rank can get on this node, the fitted memory and the time-sharing exponent; `piper predict`
-//! then prices a model the calibration never ran with it. Run in release (`.ci/run` does, after building
+//! then prices a model the calibration never ran with it, and `piper validate` runs the planner's two
+//! best plans for 2 ranks on it and reports each plan's prediction beside its measurement. Run in release (`.ci/run` does, after building
 //! the workers; a debug calibration takes ~15 minutes). Built without `--features mpi`, the test shows
 //! as ignored and names `scripts/test-mpi.sh`, which installs OpenMPI.
 
@@ -62,5 +63,26 @@ fn calibrate_writes_a_platform_the_planner_prices_with() {
     let doc: serde_json::Value = serde_json::from_str(&text).expect("predict --json");
     let step = doc["step_time_s"].as_f64().expect("step_time_s");
     assert!(step.is_finite() && step > 0.0, "{text}");
+
+    // `piper validate` on the calibrated platform: the planner's two best plans for 2 ranks, run.
+    let json = dir.join("validate.json");
+    let mut validate = Command::new(&piper);
+    validate.args(["validate", "--model", "tiny", "--platform", out.to_str().unwrap(), "--gpus", "2"]);
+    validate.args(["--global-batch", "8", "--seq-len", "31", "--top", "2", "--rounds", "1", "--steps", "6"]);
+    validate.args(["--bin-dir", bin_dir.to_str().unwrap(), "--json", json.to_str().unwrap()]);
+    validate.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let (ok, text) = run(validate, Duration::from_secs(600));
+    assert!(ok && text.contains("regret"), "piper validate failed:\n{text}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let plans = v["plans"].as_array().expect("plans");
+    assert_eq!(plans.len(), 2, "{v}");
+    for p in plans {
+        let ranks: u64 = ["pp", "ep", "dp"].iter().map(|k| p[*k].as_u64().unwrap()).product();
+        assert_eq!(ranks, 2, "{p}");
+        for k in ["predicted_step_s", "measured_step_s", "predicted_peak_bytes", "measured_peak_bytes"] {
+            assert!(p[k].as_f64().is_some_and(|x| x.is_finite() && x > 0.0), "{k}: {p}");
+        }
+    }
+    assert!(v["regret"].as_f64().is_some_and(|r| r >= 0.0), "{v}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -412,5 +412,8 @@ fn calibrate_without_workers_names_the_build_and_keeps_the_old_platform() {
         "{line}"
     );
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "the previous calibration");
+    let args = ["validate", "--model", "tiny", "--gpus", "2", "--global-batch", "8", "--seq-len", "31"];
+    let line = error_line(&[args.as_slice(), &["--bin-dir", bin.to_str().unwrap()]].concat());
+    assert!(line.contains("mixtral_train not found"), "{line}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -17,6 +17,7 @@
 pub mod error;
 pub mod fit;
 pub mod runs;
+pub mod validate;
 pub mod workers;
 
 use std::path::{Path, PathBuf};

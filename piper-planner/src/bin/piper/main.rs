@@ -36,6 +36,9 @@ enum Command {
     /// Measure this machine through the runtime's own binaries and write the platform the planner prices
     /// with (the `local` preset's file by default).
     Calibrate(commands::calibrate::Args),
+    /// Run the planner's best plans for a model on this machine and set each against its prediction
+    /// (regret of the first choice, rank correlation).
+    Validate(commands::validate::Args),
     /// Checkpoints written by the runtime: export one as a Hugging Face model folder.
     Checkpoint(commands::checkpoint::Args),
     /// The planner against the paper's reported figures: paper value, prediction and ratio for each row
@@ -64,6 +67,7 @@ fn main() {
         Command::Predict(a) => commands::predict::run(a).map_err(Into::into),
         Command::Migrate(a) => commands::migrate::run(a).map_err(Into::into),
         Command::Calibrate(a) => commands::calibrate::run(a).map_err(Into::into),
+        Command::Validate(a) => commands::validate::run(a).map_err(Into::into),
         Command::Checkpoint(a) => commands::checkpoint::run(a).map_err(Into::into),
         Command::Paper(a) => commands::paper::run(a).map_err(Into::into),
     };

@@ -1,0 +1,234 @@
+//! `piper validate`: the resource model checks itself on this machine. The planner's best runnable plans
+//! for a model and a rank count train for a few steps each under `mpirun`, in interleaved rounds; each
+//! plan's median step time and peak memory are set against its prediction, and the first choice against
+//! the fastest measured (regret), with the rank correlation of predicted and measured times.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::error::{CalibrateError, Result};
+use super::workers::Workers;
+use crate::layout::{Recompute, Schedule, TrainConfig};
+use crate::model::resolve_model;
+use crate::planner::{PlanCandidate, PlanRequest, plan};
+use crate::platform::Platform;
+use crate::run_plan::{RunPlan, runtime_refusal};
+
+/// What to validate.
+#[derive(Clone, Debug)]
+pub struct ValidateSettings {
+    /// The model as the trainer's `--preset` and the planner take it.
+    pub model: String,
+    pub gpus: u64,
+    pub global_batch: u64,
+    /// Sequence length, dtype and the other settings the plans are priced with.
+    pub base: TrainConfig,
+    /// Plans to run: the best runnable ones, ranked by predicted step time.
+    pub top: usize,
+    pub rounds: usize,
+    pub steps: u64,
+    pub bin_dir: PathBuf,
+    pub work: PathBuf,
+}
+
+/// One plan's prediction and measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct Checked {
+    pub pp: u64,
+    pub ep: u64,
+    pub dp: u64,
+    pub micro_batch_size: u64,
+    pub num_micro_batches: u64,
+    pub schedule: Schedule,
+    pub predicted_step_s: f64,
+    /// The median over rounds of each run's median step time.
+    pub measured_step_s: f64,
+    /// (slowest − fastest round) ÷ the median.
+    pub spread: f64,
+    pub predicted_peak_bytes: f64,
+    /// The median over rounds of the largest rank's peak RSS.
+    pub measured_peak_bytes: f64,
+}
+
+/// The whole check.
+#[derive(Clone, Debug, Serialize)]
+pub struct Validation {
+    pub model: String,
+    pub platform: String,
+    pub gpus: u64,
+    pub rounds: usize,
+    /// In the planner's order: the first is its choice.
+    pub plans: Vec<Checked>,
+    /// The first choice's measured time ÷ the fastest measured − 1.
+    pub regret: f64,
+    /// Spearman's rank correlation of predicted and measured step times (NaN for fewer than 2 plans).
+    pub rank_correlation: f64,
+}
+
+/// Plans, runs and compares; `say` hears each run as it starts.
+pub fn validate(s: &ValidateSettings, platform: &Platform, say: &mut dyn FnMut(&str)) -> Result<Validation> {
+    let w = Workers::find(&s.bin_dir)?;
+    std::fs::create_dir_all(&s.work).map_err(|e| CalibrateError::file(&s.work, format!("cannot create: {e}")))?;
+    let spec = resolve_model(&s.model)?;
+    let plans = runnable_plans(s, platform)?;
+    let mut files = Vec::new();
+    for (i, c) in plans.iter().enumerate() {
+        let run = RunPlan::from_candidate(&spec, &platform.name, s.base.seq_len, &s.base.dtype, c);
+        let path = s.work.join(format!("plan-{i}.json"));
+        let text = serde_json::to_string_pretty(&run).expect("a plan serialises");
+        std::fs::write(&path, text).map_err(|e| CalibrateError::file(&path, format!("cannot write: {e}")))?;
+        files.push(path);
+    }
+    let mut summaries = vec![Vec::new(); plans.len()];
+    for round in 0..s.rounds {
+        for (i, c) in plans.iter().enumerate() {
+            say(&format!(
+                "round {}/{}: PP={} EP={} DP={} mbs={} M={} {}",
+                round + 1,
+                s.rounds,
+                c.pp,
+                c.ep,
+                c.dp,
+                c.micro_batch_size,
+                c.num_micro_batches,
+                c.schedule.name()
+            ));
+            let summary = s.work.join(format!("summary-{i}-{round}.json"));
+            let args = trainer_args(s, &files[i], &summary);
+            let what = format!("the run of plan {} ({} ranks)", i + 1, s.gpus);
+            super::workers::run_at_once(vec![w.under_mpirun(what, s.gpus, &w.trainer, args)], &s.work)?;
+            summaries[i].push(measured(&summary)?);
+        }
+    }
+    let checked: Vec<Checked> = plans.iter().zip(&summaries).map(|(c, m)| compare(c, m)).collect();
+    Ok(summarise(s, platform, checked))
+}
+
+/// The best runnable plans (no recomputation, the runtime's dtype, flat all-to-all), one per layout,
+/// micro-batching and schedule (one schedule without a pipeline: they run the same).
+fn runnable_plans(s: &ValidateSettings, platform: &Platform) -> Result<Vec<PlanCandidate>> {
+    let spec = resolve_model(&s.model)?;
+    let req = PlanRequest {
+        base: s.base.clone(),
+        recomputes: vec![Recompute::None],
+        algos: vec![crate::comm::A2aAlgo::Flat],
+        top: 10_000,
+        ..PlanRequest::new(s.gpus, s.global_batch, s.base.seq_len)
+    };
+    let report = plan(&spec, platform, &req)?;
+    let mut seen = std::collections::HashSet::new();
+    let plans: Vec<PlanCandidate> = report
+        .plans
+        .into_iter()
+        .filter(|c| runtime_refusal(&s.base.dtype, c.recompute).is_none())
+        .filter(|c| {
+            let schedule = if c.pp > 1 { Some(c.schedule) } else { None };
+            seen.insert((c.pp, c.ep, c.dp, c.micro_batch_size, c.num_micro_batches, schedule))
+        })
+        .take(s.top)
+        .collect();
+    if plans.is_empty() {
+        let why = report.rejected.first().map_or("no layout is feasible".to_string(), |r| r.reason.clone());
+        return Err(CalibrateError::Worker {
+            what: "the planner".into(),
+            why: format!("no plan the runtime runs: {why}"),
+        });
+    }
+    Ok(plans)
+}
+
+fn trainer_args(s: &ValidateSettings, plan: &Path, summary: &Path) -> Vec<String> {
+    let flags = [
+        ("--plan", plan.display().to_string()),
+        ("--preset", s.model.clone()),
+        ("--steps", s.steps.to_string()),
+        ("--warmup", "2".into()),
+        ("--migration", "off".into()),
+        ("--log-every", "0".into()),
+        ("--summary", summary.display().to_string()),
+    ];
+    flags.into_iter().flat_map(|(k, v)| [k.to_string(), v]).chain(["--no-progress".to_string()]).collect()
+}
+
+/// A run's median step time and its largest rank's peak RSS.
+fn measured(summary: &Path) -> Result<(f64, f64)> {
+    let doc: Value = super::fit::read_json(summary)?;
+    let step = super::fit::step_time(summary)?;
+    let peak = doc["peak_rss_bytes"]
+        .as_array()
+        .and_then(|v| v.iter().filter_map(Value::as_f64).reduce(f64::max))
+        .ok_or_else(|| CalibrateError::file(summary, "has no `peak_rss_bytes`"))?;
+    Ok((step, peak))
+}
+
+fn compare(c: &PlanCandidate, rounds: &[(f64, f64)]) -> Checked {
+    let steps: Vec<f64> = rounds.iter().map(|r| r.0).collect();
+    let step = super::median(steps.clone());
+    let (lo, hi) = steps.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), t| (lo.min(*t), hi.max(*t)));
+    Checked {
+        pp: c.pp,
+        ep: c.ep,
+        dp: c.dp,
+        micro_batch_size: c.micro_batch_size,
+        num_micro_batches: c.num_micro_batches,
+        schedule: c.schedule,
+        predicted_step_s: c.step_time_s,
+        measured_step_s: step,
+        spread: (hi - lo) / step,
+        predicted_peak_bytes: c.peak_memory_bytes,
+        measured_peak_bytes: super::median(rounds.iter().map(|r| r.1).collect()),
+    }
+}
+
+fn summarise(s: &ValidateSettings, platform: &Platform, plans: Vec<Checked>) -> Validation {
+    let measured: Vec<f64> = plans.iter().map(|p| p.measured_step_s).collect();
+    let predicted: Vec<f64> = plans.iter().map(|p| p.predicted_step_s).collect();
+    let fastest = measured.iter().copied().fold(f64::INFINITY, f64::min);
+    Validation {
+        model: s.model.clone(),
+        platform: platform.name.clone(),
+        gpus: s.gpus,
+        rounds: s.rounds,
+        regret: measured[0] / fastest - 1.0,
+        rank_correlation: spearman(&predicted, &measured),
+        plans,
+    }
+}
+
+/// Spearman's rank correlation (ties broken by order; NaN for fewer than two values or no spread).
+pub fn spearman(a: &[f64], b: &[f64]) -> f64 {
+    let ranks = |x: &[f64]| {
+        let mut order: Vec<usize> = (0..x.len()).collect();
+        order.sort_by(|&i, &j| x[i].total_cmp(&x[j]));
+        let mut r = vec![0.0; x.len()];
+        for (pos, i) in order.into_iter().enumerate() {
+            r[i] = pos as f64;
+        }
+        r
+    };
+    if a.len() != b.len() || a.len() < 2 {
+        return f64::NAN;
+    }
+    let (ra, rb) = (ranks(a), ranks(b));
+    let mean = (a.len() - 1) as f64 / 2.0;
+    let num: f64 = ra.iter().zip(&rb).map(|(x, y)| (x - mean) * (y - mean)).sum();
+    let den = (ra.iter().map(|x| (x - mean).powi(2)).sum::<f64>() * rb.iter().map(|y| (y - mean).powi(2)).sum::<f64>())
+        .sqrt();
+    if den > 0.0 { num / den } else { f64::NAN }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spearman;
+
+    #[test]
+    fn spearman_follows_the_textbook_cases() {
+        assert_eq!(spearman(&[1.0, 2.0, 3.0], &[10.0, 20.0, 30.0]), 1.0);
+        assert_eq!(spearman(&[1.0, 2.0, 3.0], &[3.0, 2.0, 1.0]), -1.0);
+        // d = (0, 1, -1, 0): 1 - 6·2 / (4·15) = 0.8.
+        assert!((spearman(&[1.0, 2.0, 3.0, 4.0], &[1.0, 3.0, 2.0, 4.0]) - 0.8).abs() < 1e-12);
+        assert!(spearman(&[1.0], &[1.0]).is_nan() && spearman(&[1.0, 2.0], &[1.0]).is_nan());
+    }
+}
