@@ -1,6 +1,6 @@
 //! From the workers' files to the inputs of the platform fit: the cost tables per thread count (the mean
 //! of the copies measured at once), the profiled runs (each summary's profile rows), the memory points
-//! (a one-rank run's peak against what the model counts) and step times.
+//! (a one-rank run's peak against what the model counts) and step times, each summary read once.
 
 use std::path::Path;
 
@@ -32,28 +32,78 @@ pub fn mean_per_thread_count(mut all: Vec<ThreadCosts>) -> Result<Vec<ThreadCost
         .collect()
 }
 
+/// What the calibration and validation read of a trainer's `--summary` file, read once.
+pub struct RunSummary {
+    pub path: std::path::PathBuf,
+    /// The median step time, seconds.
+    pub step_s: f64,
+    /// The largest rank's peak RSS.
+    pub peak_rss_bytes: f64,
+    /// Seconds per step of each profile row (`phase`, `op`); `None` without `--profile`.
+    profile: Option<Vec<(String, String, f64)>>,
+}
+
+impl RunSummary {
+    pub fn read(path: &Path) -> Result<Self> {
+        let doc: Value = read_json(path)?;
+        let step_s = doc["step_time_median_s"]
+            .as_f64()
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .ok_or_else(|| CalibrateError::file(path, "has no positive `step_time_median_s`"))?;
+        let peak_rss_bytes = doc["peak_rss_bytes"]
+            .as_array()
+            .and_then(|v| v.iter().map(Value::as_f64).collect::<Option<Vec<f64>>>())
+            .filter(|v| v.iter().all(|b| b.is_finite() && *b > 0.0))
+            .and_then(|v| v.into_iter().reduce(f64::max))
+            .ok_or_else(|| CalibrateError::file(path, "has no positive `peak_rss_bytes`"))?;
+        let profile = match doc["profile"].as_array() {
+            None => None,
+            Some(rows) => Some(rows.iter().map(|r| profile_row(path, r)).collect::<Result<_>>()?),
+        };
+        Ok(RunSummary { path: path.to_path_buf(), step_s, peak_rss_bytes, profile })
+    }
+
+    /// The profile rows; an error when the trainer ran without `--profile`.
+    pub fn profile(&self) -> Result<&[(String, String, f64)]> {
+        self.profile.as_deref().ok_or_else(|| {
+            CalibrateError::file(&self.path, "has no `profile` rows (the trainer ran without --profile)")
+        })
+    }
+
+    /// Seconds per step of the profile rows that `pick(phase, op)` selects.
+    pub fn profile_seconds(&self, pick: impl Fn(&str, &str) -> bool) -> Result<f64> {
+        Ok(self.profile()?.iter().filter(|(phase, op, _)| pick(phase, op)).map(|r| r.2).sum())
+    }
+
+    /// A rank's forward and backward seconds per step.
+    pub fn compute_seconds(&self) -> Result<f64> {
+        self.profile_seconds(|phase, _| phase == "forward" || phase == "backward")
+    }
+
+    /// A rank's gradient reduction seconds per step: the `gradients` phase but the norm's square sums.
+    pub fn allreduce_seconds(&self) -> Result<f64> {
+        self.profile_seconds(|phase, op| phase == "gradients" && op != "square sum")
+    }
+}
+
+fn profile_row(path: &Path, r: &Value) -> Result<(String, String, f64)> {
+    let text = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+    let seconds = r["seconds"].as_f64().filter(|s| s.is_finite() && *s >= 0.0);
+    seconds
+        .map(|s| (text("phase"), text("op"), s))
+        .ok_or_else(|| CalibrateError::file(path, "a profile row has no finite `seconds`"))
+}
+
 /// A profiled run of `ranks` ranks (an expert group of `ranks` when more than one) of `threads` threads
-/// each, from its summary: the seconds per step of each profile row, and the settings one rank trained.
+/// each: the seconds per step of each profile row, and the settings one rank trained.
 pub fn profiled_run(
-    summary: &Path,
+    summary: &RunSummary,
     spec: ModelSpec,
     run: &ProfileRun,
     threads: u64,
     ranks: u64,
 ) -> Result<ProfiledRun> {
-    let doc: Value = read_json(summary)?;
-    let rows = doc["profile"]
-        .as_array()
-        .ok_or_else(|| CalibrateError::file(summary, "has no `profile` rows (the trainer ran without --profile)"))?
-        .iter()
-        .map(|r| {
-            let text = |k: &str| r[k].as_str().unwrap_or_default().to_string();
-            let seconds = r["seconds"].as_f64().filter(|s| s.is_finite() && *s >= 0.0);
-            seconds
-                .map(|s| (text("phase"), text("op"), s))
-                .ok_or_else(|| CalibrateError::file(summary, "a profile row has no finite `seconds`"))
-        })
-        .collect::<Result<_>>()?;
+    let rows = summary.profile()?.to_vec();
     // The step's sequences are shared out over the expert group's ranks.
     let cfg = TrainConfig { micro_batch_size: run.batch / ranks, dtype: "fp32".into(), ..TrainConfig::new(run.seq) };
     Ok(ProfiledRun { threads, ep: ranks, spec, cfg, rows })
@@ -61,12 +111,7 @@ pub fn profiled_run(
 
 /// A one-rank run's largest peak RSS against what the model counts for it on `base` (16 configured
 /// bytes per parameter in fp32, factors 1): parameters, layer activations and logits.
-pub fn memory_point(summary: &Path, spec: &ModelSpec, base: &Platform, run: &ProfileRun) -> Result<MemoryPoint> {
-    let doc: Value = read_json(summary)?;
-    let peak = doc["peak_rss_bytes"]
-        .as_array()
-        .and_then(|v| v.iter().filter_map(Value::as_f64).reduce(f64::max))
-        .ok_or_else(|| CalibrateError::file(summary, "has no `peak_rss_bytes`"))?;
+pub fn memory_point(summary: &RunSummary, spec: &ModelSpec, base: &Platform, run: &ProfileRun) -> Result<MemoryPoint> {
     let cfg = TrainConfig {
         micro_batch_size: run.batch,
         num_micro_batches: 1,
@@ -86,44 +131,6 @@ pub fn memory_point(summary: &Path, spec: &ModelSpec, base: &Platform, run: &Pro
         params: stage.params,
         activation_bytes: stage.activation_bytes - logits,
         logits_bytes: logits,
-        peak_rss_bytes: peak,
+        peak_rss_bytes: summary.peak_rss_bytes,
     })
-}
-
-/// The median step time a run's summary reports, seconds.
-pub fn step_time(summary: &Path) -> Result<f64> {
-    let doc: Value = read_json(summary)?;
-    doc["step_time_median_s"]
-        .as_f64()
-        .filter(|t| t.is_finite() && *t > 0.0)
-        .ok_or_else(|| CalibrateError::file(summary, "has no positive `step_time_median_s`"))
-}
-
-/// Seconds per step of the profile rows of a run's summary that `pick(phase, op)` selects.
-pub fn profile_seconds(summary: &Path, pick: impl Fn(&str, &str) -> bool) -> Result<f64> {
-    let doc: Value = read_json(summary)?;
-    let rows = doc["profile"]
-        .as_array()
-        .ok_or_else(|| CalibrateError::file(summary, "has no `profile` rows (the trainer ran without --profile)"))?;
-    let mut total = 0.0;
-    for r in rows {
-        let (phase, op) = (r["phase"].as_str().unwrap_or_default(), r["op"].as_str().unwrap_or_default());
-        if pick(phase, op) {
-            total += r["seconds"]
-                .as_f64()
-                .filter(|s| s.is_finite() && *s >= 0.0)
-                .ok_or_else(|| CalibrateError::file(summary, "a profile row has no finite `seconds`"))?;
-        }
-    }
-    Ok(total)
-}
-
-/// A rank's forward and backward seconds per step.
-pub fn compute_seconds(summary: &Path) -> Result<f64> {
-    profile_seconds(summary, |phase, _| phase == "forward" || phase == "backward")
-}
-
-/// A rank's gradient all-reduce seconds per step: the `gradients` phase but the norm's square sums.
-pub fn allreduce_seconds(summary: &Path) -> Result<f64> {
-    profile_seconds(summary, |phase, op| phase == "gradients" && op != "square sum")
 }

@@ -169,10 +169,11 @@ fn profile_one_rank(
                 }
             })?;
             for copy in 0..(s.cores / t).max(1) {
-                profiled.push(fit::profiled_run(&summary(copy), spec.clone(), run, t, 1)?);
-            }
-            if t == s.cores {
-                memory.push(fit::memory_point(&summary(0), &spec, base, run)?);
+                let read = fit::RunSummary::read(&summary(copy))?;
+                profiled.push(fit::profiled_run(&read, spec.clone(), run, t, 1)?);
+                if t == s.cores && copy == 0 {
+                    memory.push(fit::memory_point(&read, &spec, base, run)?);
+                }
             }
         }
     }
@@ -193,7 +194,7 @@ fn profile_expert_parallel(s: &Settings, w: &Workers, threads: &[u64]) -> Result
             args.extend(["--ep".into(), ranks.to_string(), "--profile".into()]);
             let what = format!("expert-parallel run {} on {ranks} ranks", run.model.name);
             s.run(vec![w.under_mpirun(what, ranks, &w.trainer, args)], &[&summary])?;
-            profiled.push(fit::profiled_run(&summary, spec.clone(), run, t, ranks)?);
+            profiled.push(fit::profiled_run(&fit::RunSummary::read(&summary)?, spec.clone(), run, t, ranks)?);
         }
     }
     Ok(profiled)
@@ -214,9 +215,10 @@ fn data_parallel_runs(s: &Settings, w: &Workers) -> Result<DataParallelRuns> {
             args.extend(["--dp".into(), ranks.to_string(), "--profile".into()]);
             let what = format!("data-parallel run on {ranks} ranks");
             s.run(vec![w.under_mpirun(what, ranks, &w.trainer, args)], &[&summary])?;
-            steps.push(fit::step_time(&summary)?);
+            let read = fit::RunSummary::read(&summary)?;
+            steps.push(read.step_s);
             if ranks == s.cores {
-                sync.push(fit::allreduce_seconds(&summary)? / fit::compute_seconds(&summary)?);
+                sync.push(read.allreduce_seconds()? / read.compute_seconds()?);
             }
         }
         ratios.push(steps[1] / steps[0]);

@@ -6,7 +6,6 @@
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use serde_json::Value;
 
 use super::error::{CalibrateError, Result};
 use super::workers::Workers;
@@ -154,13 +153,8 @@ fn trainer_args(s: &ValidateSettings, plan: &Path, summary: &Path) -> Vec<String
 
 /// A run's median step time and its largest rank's peak RSS.
 fn measured(summary: &Path) -> Result<(f64, f64)> {
-    let doc: Value = super::fit::read_json(summary)?;
-    let step = super::fit::step_time(summary)?;
-    let peak = doc["peak_rss_bytes"]
-        .as_array()
-        .and_then(|v| v.iter().filter_map(Value::as_f64).reduce(f64::max))
-        .ok_or_else(|| CalibrateError::file(summary, "has no `peak_rss_bytes`"))?;
-    Ok((step, peak))
+    let read = super::fit::RunSummary::read(summary)?;
+    Ok((read.step_s, read.peak_rss_bytes))
 }
 
 fn compare(c: &PlanCandidate, rounds: &[(f64, f64)]) -> Checked {
