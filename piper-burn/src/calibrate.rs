@@ -194,7 +194,9 @@ fn attention_core_efficiency(device: &Device, s: usize, peak_flops: f64) -> f64 
 pub fn measure(device: &Device, peak_flops: f64) -> Measured {
     let runtime = measure_runtime_costs(device);
     let ms = [16usize, 64, 256, 1024, 4096];
-    let shapes = [(256usize, 256usize), (512, 256), (256, 512), (1024, 1024), (2048, 512)];
+    // From the narrowest layers the planner prices (64 wide: there a GEMM is mostly its fixed cost) to
+    // the widest that fit a calibration's time.
+    let shapes = [(64usize, 64usize), (128, 128), (256, 256), (512, 256), (256, 512), (1024, 1024), (2048, 512)];
     let gemm_efficiency = shapes
         .iter()
         .map(|&(n, k)| GemmTable {

@@ -118,6 +118,7 @@ pub fn class_work(spec: &ModelSpec, platform: &Platform, cfg: &TrainConfig, ep: 
         // Dispatch and combine, forward and backward.
         w.exchange_link_s += 4.0 * exchange_link_s(spec, platform, cfg, ep, kind, A2aAlgo::Flat)?;
         w.exchange_token_dims += exchange_token_dims(spec, cfg, ep, kind);
+        w.layers += 1.0;
     }
     w.linear_table_s += 3.0 * head_table_s(spec, platform, cfg)?;
     w.vocab_tokens = (1 + spec.mtp_depth) as f64 * t * spec.vocab_size as f64;
@@ -150,6 +151,7 @@ mod tests {
     use crate::layout::{Layout, StageSplit};
     use crate::model::preset;
     use crate::platform::StepCosts;
+    use crate::platform::step_costs::PerLayerCosts;
     use crate::time::CostModel;
 
     /// On one rank, the time model's step is the step costs applied to the whole model's work, summed
@@ -168,6 +170,7 @@ mod tests {
             cross_entropy_ns: 1.5,
             optimizer_ns: 2.0,
             replica_sync: 0.0,
+            per_layer_us: PerLayerCosts { linear: 30.0, experts: 20.0, attention: 10.0, layer: 70.0, optimizer: 15.0 },
         };
         let platform = Platform { step_costs: Some(sc), ..crate::platform::preset("local").unwrap() };
         for name in ["tiny", "tiny-deepseek", "tiny-qwen3"] {
@@ -179,7 +182,7 @@ mod tests {
             let w = class_work(&spec, &platform, &cfg, 1).unwrap();
             let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-9;
             assert!(close(stage.forward_s + stage.backward_s, sc.compute_s(&w, 1)), "{name}");
-            assert!(close(stage.optimizer_s, 1e-9 * sc.optimizer_ns * w.params), "{name}");
+            assert!(close(stage.optimizer_s, sc.optimizer_s(w.params, w.layers)), "{name}");
             let p = model.predict(&StageSplit(vec![spec.num_layers]));
             assert!(close(p.step_time_s, sc.compute_s(&w, 1) + stage.optimizer_s), "{name}");
         }
@@ -201,6 +204,7 @@ mod tests {
             cross_entropy_ns: 1.0,
             optimizer_ns: 1.0,
             replica_sync,
+            per_layer_us: PerLayerCosts::default(),
         };
         let local = crate::platform::preset("local").unwrap();
         let spec = preset("tiny").unwrap();

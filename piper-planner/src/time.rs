@@ -176,6 +176,7 @@ impl<'a> CostModel<'a> {
                             layer_token_dims: t * d as f64,
                             routed_token_experts: routed_token_experts(spec, t, kind),
                             exchange_token_dims: exchange_token_dims(spec, cfg, layout.ep, kind),
+                            layers: 1.0,
                             ..Default::default()
                         },
                         layout.ep,
@@ -321,7 +322,7 @@ impl<'a> CostModel<'a> {
         let shard = if self.cfg.zero1 { (self.layout.ep * self.layout.dp) as f64 } else { 1.0 };
         // Read and write weights, gradients and optimizer states once (or the runtime's measured step).
         let optimizer_s = match (&self.platform.step_costs, &self.platform.runtime) {
-            (Some(sc), _) => params / shard * sc.optimizer_ns * 1e-9,
+            (Some(sc), _) => sc.optimizer_s(params / shard, n as f64),
             (None, Some(rc)) => params / shard * rc.optimizer_ns_per_param * 1e-9,
             (None, None) => 2.0 * params * self.optimizer_bytes_per_param / shard / (self.platform.memory_gbs * 1e9),
         };

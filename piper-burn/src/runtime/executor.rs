@@ -19,6 +19,7 @@ use super::profile::{self, StepProfile};
 use super::report::StepMetrics;
 use super::setup::RankRun;
 use crate::corpus::Corpus;
+use piper_planner::calibrate::steal::StealClock;
 
 /// Runs the plan: `job.run.steps` optimizer steps on this rank's part of the model. Every rank gets the
 /// same metrics; `on_step` sees each step's.
@@ -27,8 +28,11 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, on_step: impl FnMut(&StepMetr
     agree_on_the_job(job, corpus)?;
     let mut rank = RankRun::new(job)?;
     let (first_step, resume_seconds) = rank.resume(job, corpus)?;
+    let steal = StealClock::start();
     let steps = run_steps(job, &mut rank, corpus, first_step, on_step)?;
-    finish(job, rank, steps, resume_seconds)
+    let mut trained = finish(job, rank, steps, resume_seconds)?;
+    trained.steal_share = steal.share();
+    Ok(trained)
 }
 
 /// Every rank runs the same model, run configuration, seed, plan, data, checkpoints and starting
@@ -99,5 +103,6 @@ fn finish(job: &Job, rank: RankRun, steps: Steps, resume_seconds: Option<f64>) -
         placements: rank.placements,
         resume_seconds,
         profile,
+        steal_share: None,
     })
 }

@@ -52,6 +52,8 @@ pub struct Trained {
     pub resume_seconds: Option<f64>,
     /// Where the steady steps' time went on this rank, when the run profiles ([`super::profile`]).
     pub profile: Option<StepProfile>,
+    /// CPU time other guests of this host took while the steps ran (rank 0's host; `None` off Linux).
+    pub steal_share: Option<f64>,
 }
 
 impl Trained {
@@ -60,6 +62,7 @@ impl Trained {
         let placements = self.placements.iter().map(ExpertPlacement::ranks_of).collect();
         let mut summary = RunSummary::new(plan, &self.metrics, &self.peak_rss_bytes, placements, flops_per_token);
         summary.profile = self.profile.as_ref().map(StepProfile::per_step).unwrap_or_default();
+        summary.steal_share = self.steal_share;
         summary
     }
 }

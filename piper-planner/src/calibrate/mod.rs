@@ -8,22 +8,27 @@
 //!    ranks would run): Burn's element-wise passes, the fixed cost of one tensor op, the AdamW step, and
 //!    its linear layers', routed experts' and attention core's efficiency by shape;
 //! 3. **profiled training**: the [`runs::STEP_RUNS`] at every thread count (`mixtral_train --profile`,
-//!    copies at once), the [`runs::EP_RUNS`] as one expert group filling the node, and data-parallel runs
-//!    on `cores` and `2 × cores` ranks (time sharing). The profiles book every operation into the step
-//!    cost classes; the one-rank runs on every core fit the memory;
+//!    copies at once), the [`runs::EP_RUNS`] as one expert group filling the node, each in two
+//!    interleaved rounds keeping the faster (a shared host's other tenants only slow a run), and
+//!    data-parallel runs on `cores` and `2 × cores` ranks (time sharing). The profiles book every
+//!    operation into the step cost classes; the one-rank runs on every core fit the memory. The CPU
+//!    time the host gave other guests meanwhile (steal) is reported;
 //! 4. **fit**: the platform with its tables per thread count, step costs, memory and time-sharing
 //!    exponent, written atomically (the previous calibration stays whole until the new one is).
 
 pub mod error;
 pub mod fit;
 pub mod runs;
+pub mod steal;
 pub mod validate;
 pub mod workers;
 
 use std::path::{Path, PathBuf};
 
 pub use error::{CalibrateError, Result};
-use runs::{EP_RUNS, PROFILE_STEPS, ProfileRun, STEP_RUNS, TIME_SHARE_ROUNDS, TIME_SHARE_RUN, TIME_SHARE_STEPS};
+use runs::{
+    EP_RUNS, PROFILE_ROUNDS, PROFILE_STEPS, ProfileRun, STEP_RUNS, TIME_SHARE_ROUNDS, TIME_SHARE_RUN, TIME_SHARE_STEPS,
+};
 use workers::{Job, Workers, run_at_once};
 
 use crate::atomic::write_atomic;
@@ -56,6 +61,7 @@ pub struct Settings {
 /// Runs the four steps; `say` hears each step as it starts.
 pub fn calibrate(s: &Settings, say: &mut dyn FnMut(&str)) -> Result<Platform> {
     let w = Workers::find(&s.bin_dir)?;
+    let steal = steal::StealClock::start();
     say(&format!("calibrating {} core(s) with {} and {}", s.cores, w.trainer.display(), w.measurer.display()));
     std::fs::create_dir_all(&s.work).map_err(|e| CalibrateError::file(&s.work, format!("cannot create: {e}")))?;
     say(&format!("1/4 links and memory bandwidth on {} rank(s)", s.link_ranks));
@@ -73,6 +79,9 @@ pub fn calibrate(s: &Settings, say: &mut dyn FnMut(&str)) -> Result<Platform> {
     let (mut profiled, memory) = profile_one_rank(s, &w, &threads, &base)?;
     profiled.extend(profile_expert_parallel(s, &w, &threads)?);
     let data_parallel = data_parallel_runs(s, &w)?;
+    if let Some(share) = steal.share().filter(|_| !s.reuse) {
+        say(&steal::report(share, "the calibration"));
+    }
     say("4/4 fitting and writing the platform");
     let fitted = with_runtime(base, s.cores, s.ranks_per_node, costs, &memory)?;
     let fitted = with_data_parallel(with_step_costs(fitted, &profiled)?, data_parallel)?;
@@ -144,35 +153,50 @@ fn train_args(run: &ProfileRun, model: &str, steps: u64, summary: &Path) -> Vec<
     flags.into_iter().flat_map(|(k, v)| [k.to_string(), v]).chain(["--no-progress".to_string()]).collect()
 }
 
-/// Every step run at every thread count (copies at once), profiled; the memory points of the runs on
-/// every core.
+/// Every step run at every thread count (copies at once), profiled, in [`PROFILE_ROUNDS`] interleaved
+/// rounds; of each run's rounds the fastest is kept (other tenants of a shared host only ever slow a
+/// run down). The memory points of the runs on every core.
 fn profile_one_rank(
     s: &Settings,
     w: &Workers,
     threads: &[u64],
     base: &Platform,
 ) -> Result<(Vec<ProfiledRun>, Vec<MemoryPoint>)> {
+    let summary =
+        |i: usize, t: u64, copy: u64, round: usize| s.work.join(format!("summary-{i}-{t}-{copy}-{round}.json"));
+    for round in 0..PROFILE_ROUNDS {
+        for (i, run) in STEP_RUNS.iter().enumerate() {
+            let model = run.model.arg(&s.work)?;
+            for &t in threads {
+                s.copies_at_once(
+                    t,
+                    |copy| summary(i, t, copy, round),
+                    |copy| {
+                        let mut args = train_args(run, &model, PROFILE_STEPS, &summary(i, t, copy, round));
+                        args.push("--profile".into());
+                        Job {
+                            what: format!("profiled run {} on {t} thread(s)", run.model.name),
+                            program: w.trainer.clone(),
+                            args,
+                            env: Vec::new(),
+                        }
+                    },
+                )?;
+            }
+        }
+    }
     let (mut profiled, mut memory) = (Vec::new(), Vec::new());
     for (i, run) in STEP_RUNS.iter().enumerate() {
-        let model = run.model.arg(&s.work)?;
-        let spec = resolve_model(&model)?;
+        let spec = resolve_model(&run.model.arg(&s.work)?)?;
         for &t in threads {
-            let summary = |copy: u64| s.work.join(format!("summary-{i}-{t}-{copy}.json"));
-            s.copies_at_once(t, summary, |copy| {
-                let mut args = train_args(run, &model, PROFILE_STEPS, &summary(copy));
-                args.push("--profile".into());
-                Job {
-                    what: format!("profiled run {} on {t} thread(s)", run.model.name),
-                    program: w.trainer.clone(),
-                    args,
-                    env: Vec::new(),
-                }
-            })?;
             for copy in 0..(s.cores / t).max(1) {
-                let read = fit::RunSummary::read(&summary(copy))?;
-                profiled.push(fit::profiled_run(&read, spec.clone(), run, t, 1)?);
+                let rounds = (0..PROFILE_ROUNDS)
+                    .map(|round| fit::RunSummary::read(&summary(i, t, copy, round)))
+                    .collect::<Result<Vec<_>>>()?;
+                let fastest = rounds.iter().min_by(|a, b| a.step_s.total_cmp(&b.step_s)).expect("rounds ≥ 1");
+                profiled.push(fit::profiled_run(fastest, spec.clone(), run, t, 1)?);
                 if t == s.cores && copy == 0 {
-                    memory.push(fit::memory_point(&read, &spec, base, run)?);
+                    memory.push(fit::memory_point(fastest, &spec, base, run)?);
                 }
             }
         }
@@ -181,20 +205,32 @@ fn profile_one_rank(
 }
 
 /// Each expert-parallel run as one expert group of `cores ÷ threads` ranks, for every thread count
-/// that makes a group of two or more.
+/// that makes a group of two or more, in [`PROFILE_ROUNDS`] interleaved rounds (the fastest kept).
 fn profile_expert_parallel(s: &Settings, w: &Workers, threads: &[u64]) -> Result<Vec<ProfiledRun>> {
+    let groups: Vec<u64> = threads.iter().copied().filter(|t| s.cores / t >= 2).collect();
+    let summary = |i: usize, t: u64, round: usize| s.work.join(format!("summary-ep-{i}-{t}-{round}.json"));
+    for round in 0..PROFILE_ROUNDS {
+        for (i, run) in EP_RUNS.iter().enumerate() {
+            let model = run.model.arg(&s.work)?;
+            for &t in &groups {
+                let ranks = s.cores / t;
+                let path = summary(i, t, round);
+                let mut args = train_args(run, &model, PROFILE_STEPS, &path);
+                args.extend(["--ep".into(), ranks.to_string(), "--profile".into()]);
+                let what = format!("expert-parallel run {} on {ranks} ranks", run.model.name);
+                s.run(vec![w.under_mpirun(what, ranks, &w.trainer, args)], &[&path])?;
+            }
+        }
+    }
     let mut profiled = Vec::new();
     for (i, run) in EP_RUNS.iter().enumerate() {
-        let model = run.model.arg(&s.work)?;
-        let spec = resolve_model(&model)?;
-        for &t in threads.iter().filter(|t| s.cores / **t >= 2) {
-            let ranks = s.cores / t;
-            let summary = s.work.join(format!("summary-ep-{i}-{t}.json"));
-            let mut args = train_args(run, &model, PROFILE_STEPS, &summary);
-            args.extend(["--ep".into(), ranks.to_string(), "--profile".into()]);
-            let what = format!("expert-parallel run {} on {ranks} ranks", run.model.name);
-            s.run(vec![w.under_mpirun(what, ranks, &w.trainer, args)], &[&summary])?;
-            profiled.push(fit::profiled_run(&fit::RunSummary::read(&summary)?, spec.clone(), run, t, ranks)?);
+        let spec = resolve_model(&run.model.arg(&s.work)?)?;
+        for &t in &groups {
+            let rounds = (0..PROFILE_ROUNDS)
+                .map(|round| fit::RunSummary::read(&summary(i, t, round)))
+                .collect::<Result<Vec<_>>>()?;
+            let fastest = rounds.iter().min_by(|a, b| a.step_s.total_cmp(&b.step_s)).expect("rounds ≥ 1");
+            profiled.push(fit::profiled_run(fastest, spec.clone(), run, t, s.cores / t)?);
         }
     }
     Ok(profiled)

@@ -59,9 +59,10 @@ const fn run(model: CalibrationModel, batch: u64, seq: u64) -> ProfileRun {
 }
 
 /// One-rank runs at every thread count: parameters (2.7M–16M), layer activations (longer sequences grow
-/// the s² attention scores) and logits (vocabularies of 256 and 4096) varied independently. Their
+/// the s² attention scores) and logits (vocabularies of 256 and 4096) varied independently, and one of
+/// almost no work (62 tokens through a 64-wide model), whose step is the layers' fixed costs. Their
 /// profiles fit the step costs; the runs on every core also fit the memory.
-pub const STEP_RUNS: [ProfileRun; 8] = [
+pub const STEP_RUNS: [ProfileRun; 9] = [
     run(MIXTRAL_S, 8, 63),
     run(MIXTRAL_S, 32, 127),
     run(MIXTRAL_S, 8, 255),
@@ -70,6 +71,7 @@ pub const STEP_RUNS: [ProfileRun; 8] = [
     run(DEEPSEEK_M, 8, 63),
     run(TINY_QWEN3, 32, 127),
     run(TINY_DEEPSEEK, 32, 255),
+    run(TINY_QWEN3, 2, 31),
 ];
 
 /// Expert-parallel runs (one expert group filling the node) for every thread count below the cores:
@@ -82,6 +84,8 @@ pub const TIME_SHARE_ROUNDS: usize = 2;
 
 /// Optimizer steps of each profiled run (the profile skips the first three) and of each time-sharing run.
 pub const PROFILE_STEPS: u64 = 8;
+/// Interleaved rounds of the one-rank runs (the fastest of each run's rounds is kept).
+pub const PROFILE_ROUNDS: usize = 2;
 pub const TIME_SHARE_STEPS: u64 = 10;
 
 #[cfg(test)]

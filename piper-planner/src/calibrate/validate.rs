@@ -64,6 +64,8 @@ pub struct Validation {
     pub regret: f64,
     /// Spearman's rank correlation of predicted and measured step times (NaN for fewer than 2 plans).
     pub rank_correlation: f64,
+    /// CPU time other guests of the host took during the runs ([`super::steal`]); `None` off Linux.
+    pub steal_share: Option<f64>,
 }
 
 /// Plans, runs and compares; `say` hears each run as it starts.
@@ -80,6 +82,7 @@ pub fn validate(s: &ValidateSettings, platform: &Platform, say: &mut dyn FnMut(&
         std::fs::write(&path, text).map_err(|e| CalibrateError::file(&path, format!("cannot write: {e}")))?;
         files.push(path);
     }
+    let steal = super::steal::StealClock::start();
     let mut summaries = vec![Vec::new(); plans.len()];
     for round in 0..s.rounds {
         for (i, c) in plans.iter().enumerate() {
@@ -102,7 +105,11 @@ pub fn validate(s: &ValidateSettings, platform: &Platform, say: &mut dyn FnMut(&
         }
     }
     let checked: Vec<Checked> = plans.iter().zip(&summaries).map(|(c, m)| compare(c, m)).collect();
-    Ok(summarise(s, platform, checked))
+    let steal_share = steal.share();
+    if let Some(share) = steal_share {
+        say(&super::steal::report(share, "the runs"));
+    }
+    Ok(Validation { steal_share, ..summarise(s, platform, checked) })
 }
 
 /// The best runnable plans (no recomputation, the runtime's dtype, flat all-to-all), one per layout,
@@ -187,6 +194,7 @@ fn summarise(s: &ValidateSettings, platform: &Platform, plans: Vec<Checked>) -> 
         rounds: s.rounds,
         regret: measured[0] / fastest - 1.0,
         rank_correlation: spearman(&predicted, &measured),
+        steal_share: None,
         plans,
     }
 }

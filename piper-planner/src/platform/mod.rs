@@ -2,6 +2,7 @@
 
 pub mod calibration;
 pub mod efficiency;
+pub mod nnls;
 pub mod runtime;
 pub mod spec;
 pub mod step_costs;

@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::limits;
 
+use super::nnls::{Row, nnls};
+
 /// Classes of a training step's work, as the runtime's profile books them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -70,6 +72,9 @@ pub struct ClassWork {
     /// without): what the exchange path stages, permutes and combines.
     #[serde(default)]
     pub exchange_token_dims: f64,
+    /// Decoder layers (and MTP modules): each pays its ops' fixed costs, whatever its size.
+    #[serde(default)]
+    pub layers: f64,
 }
 
 /// The measured costs of each class (forward + backward; see the module).
@@ -106,6 +111,30 @@ pub struct StepCosts {
     /// measured.
     #[serde(default)]
     pub replica_sync: f64,
+    /// What each decoder layer pays whatever its size (dispatching its ops, autodiff's bookkeeping,
+    /// waking the threads), per class. All 0: not measured.
+    #[serde(default)]
+    pub per_layer_us: PerLayerCosts,
+}
+
+/// The fixed cost of one decoder layer per class, µs: forward + backward per micro-batch, and the
+/// optimizer's update of its tensors per step. A narrow model's step is mostly these.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerLayerCosts {
+    pub linear: f64,
+    pub experts: f64,
+    pub attention: f64,
+    /// The rest of the layer (norms, rotary, routing, residuals).
+    pub layer: f64,
+    pub optimizer: f64,
+}
+
+impl PerLayerCosts {
+    /// Forward + backward µs of one layer and micro-batch.
+    pub fn forward_backward(&self) -> f64 {
+        self.linear + self.experts + self.attention + self.layer
+    }
 }
 
 impl StepCosts {
@@ -121,6 +150,11 @@ impl StepCosts {
             ("cross_entropy_ns", self.cross_entropy_ns, 1e6),
             ("optimizer_ns", self.optimizer_ns, 1e6),
             ("replica_sync", self.replica_sync, 10.0),
+            ("per_layer_us.linear", self.per_layer_us.linear, 1e6),
+            ("per_layer_us.experts", self.per_layer_us.experts, 1e6),
+            ("per_layer_us.attention", self.per_layer_us.attention, 1e6),
+            ("per_layer_us.layer", self.per_layer_us.layer, 1e6),
+            ("per_layer_us.optimizer", self.per_layer_us.optimizer, 1e6),
         ];
         for (name, v, hi) in values {
             limits::number(src, &format!("{field}.{name}"), v, 0.0, hi)?;
@@ -139,6 +173,12 @@ impl StepCosts {
                     + self.routing_ns * w.routed_token_experts
                     + self.cross_entropy_ns * w.vocab_tokens
                     + if ep > 1 { self.exchange_ns * w.exchange_token_dims } else { 0.0 })
+            + 1e-6 * self.per_layer_us.forward_backward() * w.layers
+    }
+
+    /// Optimizer seconds of a step updating `params` parameters of `layers` decoder layers.
+    pub fn optimizer_s(&self, params: f64, layers: f64) -> f64 {
+        1e-9 * self.optimizer_ns * params + 1e-6 * self.per_layer_us.optimizer * layers
     }
 }
 
@@ -156,38 +196,53 @@ impl StepRun {
     }
 }
 
-/// Per class, the measured seconds summed over `runs` (one rank each) ÷ what the tables or the units
-/// predict summed; the rest of a layer by least squares over its two units (non-negative); the experts
-/// under expert parallelism from `exchange_runs` (ranks of an expert group), where given.
+/// Per class, by non-negative least squares over `runs` (one rank each) on relative errors, so a narrow
+/// model's short step weighs as much as a wide one's: a factor on the tables (GEMM-like classes) or a
+/// cost per unit (the others), plus a fixed cost per decoder layer; the experts under expert
+/// parallelism from `exchange_runs` (ranks of an expert group), where given.
 pub fn fit_step_costs(runs: &[StepRun], exchange_runs: &[StepRun]) -> Result<StepCosts> {
-    let src = "step-cost calibration";
-    let ratio = |runs: &[StepRun], class: WorkClass, unit: fn(&ClassWork) -> f64, name: &str| {
-        let measured: f64 = runs.iter().map(|r| r.seconds(class)).sum();
-        let predicted: f64 = runs.iter().map(|r| unit(&r.work)).sum();
-        if predicted > 0.0 && measured.is_finite() && measured >= 0.0 {
-            Ok(measured / predicted)
-        } else {
-            Err(Error::invalid(src, name, "the runs have none of this work; profile runs of MoE models"))
-        }
+    let fit = |class: WorkClass, units: fn(&ClassWork) -> Vec<f64>, name: &str, fix: &str| {
+        let rows: Vec<Row> = runs
+            .iter()
+            .map(|r| (units(&r.work), r.seconds(class)))
+            .filter(|(_, y)| *y > 0.0)
+            .map(|(units, y)| Row { units, y, weight: 1.0 / y })
+            .collect();
+        // A class no run measured, or whose first unit (the work itself) no run has.
+        let measured = rows.iter().any(|r| r.units[0] > 0.0);
+        nnls(&rows).filter(|_| measured).ok_or_else(|| Error::invalid("step-cost calibration", name, fix))
     };
-    let (layer_ns, routing_ns) = fit_layer(runs).ok_or_else(|| {
-        Error::invalid(
-            src,
-            "layer",
-            "the runs do not vary tokens × width and tokens × experts; add runs of other shapes",
-        )
-    })?;
+    let profile_moe = "the runs have none of this work; profile runs of MoE models";
+    let linear = fit(WorkClass::Linear, |w| vec![w.linear_table_s, 1e-6 * w.layers], "linear", profile_moe)?;
+    let experts = fit(WorkClass::Experts, |w| vec![w.experts_table_s, 1e-6 * w.layers], "experts", profile_moe)?;
+    let attention =
+        fit(WorkClass::Attention, |w| vec![w.attention_table_s, 1e-6 * w.layers], "attention", profile_moe)?;
+    let layer = fit(
+        WorkClass::Layer,
+        |w| vec![1e-9 * w.layer_token_dims, 1e-9 * w.routed_token_experts, 1e-6 * w.layers],
+        "layer",
+        "the runs do not vary tokens × width and tokens × experts; add runs of other shapes",
+    )?;
+    let cross_entropy = fit(WorkClass::CrossEntropy, |w| vec![1e-9 * w.vocab_tokens], "cross_entropy", profile_moe)?;
+    let optimizer = fit(WorkClass::Optimizer, |w| vec![1e-9 * w.params, 1e-6 * w.layers], "optimizer", profile_moe)?;
     let fitted = StepCosts {
-        linear: ratio(runs, WorkClass::Linear, |w| w.linear_table_s, "linear")?,
-        experts: ratio(runs, WorkClass::Experts, |w| w.experts_table_s, "experts")?,
+        linear: linear[0],
+        experts: experts[0],
         exchange_experts: 0.0,
         exchange_ns: 0.0,
-        attention: ratio(runs, WorkClass::Attention, |w| w.attention_table_s, "attention")?,
-        layer_ns,
-        routing_ns,
-        cross_entropy_ns: 1e9 * ratio(runs, WorkClass::CrossEntropy, |w| w.vocab_tokens, "cross_entropy")?,
-        optimizer_ns: 1e9 * ratio(runs, WorkClass::Optimizer, |w| w.params, "optimizer")?,
+        attention: attention[0],
+        layer_ns: layer[0],
+        routing_ns: layer[1],
+        cross_entropy_ns: cross_entropy[0],
+        optimizer_ns: optimizer[0],
         replica_sync: 0.0,
+        per_layer_us: PerLayerCosts {
+            linear: linear[1],
+            experts: experts[1],
+            attention: attention[1],
+            layer: layer[2],
+            optimizer: optimizer[1],
+        },
     };
     let (exchange_experts, exchange_ns) = fit_exchange(&fitted, exchange_runs)?;
     Ok(StepCosts { exchange_experts, exchange_ns, ..fitted })
@@ -201,59 +256,23 @@ fn fit_exchange(fitted: &StepCosts, exchange_runs: &[StepRun]) -> Result<(f64, f
     if exchange_runs.is_empty() {
         return Ok((0.0, 0.0));
     }
-    let rows: Vec<(f64, f64, f64)> = exchange_runs
+    let rows: Vec<Row> = exchange_runs
         .iter()
         .map(|r| {
             let compute: f64 = r.measured.iter().filter(|(c, _)| *c != WorkClass::Optimizer).map(|(_, s)| s).sum();
             let residual = compute - fitted.compute_s(&r.work, 1) - r.work.exchange_link_s;
-            (r.work.experts_table_s, 1e-9 * r.work.exchange_token_dims, residual)
+            Row { units: vec![r.work.experts_table_s, 1e-9 * r.work.exchange_token_dims], y: residual, weight: 1.0 }
         })
         .collect();
-    let total: f64 = rows.iter().map(|r| r.2).sum();
-    match nonnegative_least_squares(&rows) {
-        Some((a, b)) if total.is_finite() && total > 0.0 => Ok((a, b)),
+    let total: f64 = rows.iter().map(|r| r.y).sum();
+    match nnls(&rows) {
+        Some(a) if total.is_finite() && total > 0.0 => Ok((a[0], a[1])),
         _ => Err(Error::invalid(
             "step-cost calibration",
             "exchange_experts",
             "the expert-parallel runs cost no more than one rank's fused experts; profile MoE models with --ep > 1",
         )),
     }
-}
-
-/// `layer seconds = a · token·dims + b · token·experts` by least squares, a and b ≥ 0, in ns.
-fn fit_layer(runs: &[StepRun]) -> Option<(f64, f64)> {
-    let rows: Vec<(f64, f64, f64)> = runs
-        .iter()
-        .map(|r| (r.work.layer_token_dims, r.work.routed_token_experts, 1e9 * r.seconds(WorkClass::Layer)))
-        .collect();
-    nonnegative_least_squares(&rows)
-}
-
-/// `y = a · x + b · z` over rows `(x, z, y)` by least squares, a and b ≥ 0 (one of them 0 where the
-/// unconstrained fit goes negative); `None` when no row has any x.
-fn nonnegative_least_squares(rows: &[(f64, f64, f64)]) -> Option<(f64, f64)> {
-    let (mut xx, mut xz, mut zz, mut xy, mut zy) = (0.0, 0.0, 0.0, 0.0, 0.0);
-    for (x, z, y) in rows {
-        (xx, xz, zz, xy, zy) = (xx + x * x, xz + x * z, zz + z * z, xy + x * y, zy + z * y);
-    }
-    let det = xx * zz - xz * xz;
-    let one = |sxy: f64, sxx: f64| if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
-    let (a, b) = if det > 1e-12 * xx * zz {
-        ((xy * zz - zy * xz) / det, (zy * xx - xy * xz) / det)
-    } else {
-        (f64::NAN, f64::NAN)
-    };
-    let fit = if a >= 0.0 && b >= 0.0 {
-        (a, b)
-    } else if xx > 0.0 {
-        // A negative (or undetermined) coefficient: keep the better of the two one-unit fits.
-        let sse = |a: f64, b: f64| rows.iter().map(|(x, z, y)| (y - a * x - b * z).powi(2)).sum::<f64>();
-        let (ax, bz) = ((one(xy, xx), 0.0), (0.0, one(zy, zz)));
-        if zz > 0.0 && sse(bz.0, bz.1) < sse(ax.0, ax.1) { bz } else { ax }
-    } else {
-        return None;
-    };
-    fit.0.is_finite().then_some(fit)
 }
 
 #[cfg(test)]
@@ -284,7 +303,9 @@ mod tests {
             cross_entropy_ns: 9.0,
             optimizer_ns: 3.0,
             replica_sync: 0.0,
+            per_layer_us: PerLayerCosts { linear: 40.0, experts: 0.0, attention: 15.0, layer: 90.0, optimizer: 25.0 },
         };
+        let fixed = truth.per_layer_us;
         let run = |scale: f64, experts: f64| {
             let work = ClassWork {
                 linear_table_s: 0.01 * scale,
@@ -296,16 +317,19 @@ mod tests {
                 params: 2e6 * scale,
                 exchange_link_s: 0.0,
                 exchange_token_dims: 0.0,
+                // Layer counts that do not follow the work (narrow deep models, wide shallow ones).
+                layers: [2.0, 6.0, 3.0, 4.0][(scale as usize) % 4],
             };
+            let us = 1e-6 * work.layers;
             let measured = vec![
                 (WorkClass::Linear, truth.linear * work.linear_table_s * 0.5),
-                (WorkClass::Linear, truth.linear * work.linear_table_s * 0.5),
-                (WorkClass::Experts, truth.experts * work.experts_table_s),
-                (WorkClass::Attention, truth.attention * work.attention_table_s),
-                (WorkClass::Layer, 1e-9 * truth.layer_ns * work.layer_token_dims),
+                (WorkClass::Linear, truth.linear * work.linear_table_s * 0.5 + fixed.linear * us),
+                (WorkClass::Experts, truth.experts * work.experts_table_s + fixed.experts * us),
+                (WorkClass::Attention, truth.attention * work.attention_table_s + fixed.attention * us),
+                (WorkClass::Layer, 1e-9 * truth.layer_ns * work.layer_token_dims + fixed.layer * us),
                 (WorkClass::Layer, 1e-9 * truth.routing_ns * work.routed_token_experts),
                 (WorkClass::CrossEntropy, 1e-9 * truth.cross_entropy_ns * work.vocab_tokens),
-                (WorkClass::Optimizer, 1e-9 * truth.optimizer_ns * work.params),
+                (WorkClass::Optimizer, truth.optimizer_s(work.params, work.layers)),
             ];
             StepRun { work, measured }
         };
@@ -335,6 +359,12 @@ mod tests {
         assert!(close(fit.linear, 1.3) && close(fit.experts, 0.8) && close(fit.attention, 2.0), "{fit:?}");
         assert!(close(fit.layer_ns, 4.0) && close(fit.routing_ns, 6.0), "{fit:?}");
         assert!(close(fit.cross_entropy_ns, 9.0) && close(fit.optimizer_ns, 3.0));
+        let f = fit.per_layer_us;
+        assert!(f.experts.abs() < 1e-6, "{f:?}");
+        for (got, want) in [(f.linear, 40.0), (f.attention, 15.0), (f.layer, 90.0), (f.optimizer, 25.0)] {
+            assert!(close(got, want), "{f:?}");
+        }
+        assert!(close(fit.compute_s(&w, 1), truth.compute_s(&w, 1)));
         // Runs that do not tell the units apart: the better one-unit fit, never a negative cost.
         let same = fit_step_costs(&[run(1.0, 8.0), run(2.0, 8.0)], &[]).unwrap();
         assert_eq!((same.exchange_experts, same.exchange_ns), (0.0, 0.0));

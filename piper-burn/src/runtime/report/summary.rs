@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use piper_planner::atomic::write_atomic;
+use piper_planner::calibrate::steal::STEAL_WARN;
 use piper_planner::run_plan::{Predicted, RunPlan};
 use serde::Serialize;
 
@@ -50,6 +51,9 @@ pub struct RunSummary {
     /// Rank 0's profile of the steady steps, with `--profile`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub profile: Vec<crate::runtime::profile::ProfileRow>,
+    /// CPU time the host gave other guests while the steps ran (Linux `steal`; rank 0's host).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steal_share: Option<f64>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -104,6 +108,7 @@ impl RunSummary {
             first_loss: metrics.first().map_or(f64::NAN, |m| m.loss),
             platform: plan.platform.clone(),
             profile: Vec::new(),
+            steal_share: None,
         }
     }
 
@@ -136,6 +141,12 @@ impl RunSummary {
                 100.0 * self.mfu
             ),
         ];
+        if let Some(share) = self.steal_share.filter(|s| *s > STEAL_WARN) {
+            lines.push(format!(
+                "measured while other guests of this virtual machine's host took {:.0}% of its CPU time (steal): the measured times are slower than the machine alone",
+                100.0 * share
+            ));
+        }
         if self.migrations > 0 {
             lines.push(format!(
                 "expert migration: {} layer moves, {:.3} s in all ({:.2}% of the run)",
