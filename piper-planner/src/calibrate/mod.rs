@@ -9,7 +9,7 @@
 //!    its linear layers', routed experts' and attention core's efficiency by shape;
 //! 3. **profiled training**: the [`runs::STEP_RUNS`] at every thread count (`mixtral_train --profile`,
 //!    copies at once), the [`runs::EP_RUNS`] as one expert group filling the node, each in two
-//!    interleaved rounds keeping the faster (a shared host's other tenants only slow a run), and
+//!    interleaved rounds (each round a row of the fit: a shared host's speed drifts between them), and
 //!    data-parallel runs on `cores` and `2 × cores` ranks (time sharing). The profiles book every
 //!    operation into the step cost classes; the one-rank runs on every core fit the memory. The CPU
 //!    time the host gave other guests meanwhile (steal) is reported;
@@ -154,8 +154,8 @@ fn train_args(run: &ProfileRun, model: &str, steps: u64, summary: &Path) -> Vec<
 }
 
 /// Every step run at every thread count (copies at once), profiled, in [`PROFILE_ROUNDS`] interleaved
-/// rounds; of each run's rounds the fastest is kept (other tenants of a shared host only ever slow a
-/// run down). The memory points of the runs on every core.
+/// rounds, each round a row of the fit (the machine's speed drifts between rounds; the fit takes their
+/// middle, as a run's median step does). The memory points of the runs on every core.
 fn profile_one_rank(
     s: &Settings,
     w: &Workers,
@@ -190,13 +190,12 @@ fn profile_one_rank(
         let spec = resolve_model(&run.model.arg(&s.work)?)?;
         for &t in threads {
             for copy in 0..(s.cores / t).max(1) {
-                let rounds = (0..PROFILE_ROUNDS)
-                    .map(|round| fit::RunSummary::read(&summary(i, t, copy, round)))
-                    .collect::<Result<Vec<_>>>()?;
-                let fastest = rounds.iter().min_by(|a, b| a.step_s.total_cmp(&b.step_s)).expect("rounds ≥ 1");
-                profiled.push(fit::profiled_run(fastest, spec.clone(), run, t, 1)?);
-                if t == s.cores && copy == 0 {
-                    memory.push(fit::memory_point(fastest, &spec, base, run)?);
+                for round in 0..PROFILE_ROUNDS {
+                    let read = fit::RunSummary::read(&summary(i, t, copy, round))?;
+                    profiled.push(fit::profiled_run(&read, spec.clone(), run, t, 1)?);
+                    if t == s.cores && copy == 0 {
+                        memory.push(fit::memory_point(&read, &spec, base, run)?);
+                    }
                 }
             }
         }
@@ -205,7 +204,7 @@ fn profile_one_rank(
 }
 
 /// Each expert-parallel run as one expert group of `cores ÷ threads` ranks, for every thread count
-/// that makes a group of two or more, in [`PROFILE_ROUNDS`] interleaved rounds (the fastest kept).
+/// that makes a group of two or more, in [`PROFILE_ROUNDS`] interleaved rounds (each a row of the fit).
 fn profile_expert_parallel(s: &Settings, w: &Workers, threads: &[u64]) -> Result<Vec<ProfiledRun>> {
     let groups: Vec<u64> = threads.iter().copied().filter(|t| s.cores / t >= 2).collect();
     let summary = |i: usize, t: u64, round: usize| s.work.join(format!("summary-ep-{i}-{t}-{round}.json"));
@@ -226,11 +225,10 @@ fn profile_expert_parallel(s: &Settings, w: &Workers, threads: &[u64]) -> Result
     for (i, run) in EP_RUNS.iter().enumerate() {
         let spec = resolve_model(&run.model.arg(&s.work)?)?;
         for &t in &groups {
-            let rounds = (0..PROFILE_ROUNDS)
-                .map(|round| fit::RunSummary::read(&summary(i, t, round)))
-                .collect::<Result<Vec<_>>>()?;
-            let fastest = rounds.iter().min_by(|a, b| a.step_s.total_cmp(&b.step_s)).expect("rounds ≥ 1");
-            profiled.push(fit::profiled_run(fastest, spec.clone(), run, t, s.cores / t)?);
+            for round in 0..PROFILE_ROUNDS {
+                let read = fit::RunSummary::read(&summary(i, t, round))?;
+                profiled.push(fit::profiled_run(&read, spec.clone(), run, t, s.cores / t)?);
+            }
         }
     }
     Ok(profiled)

@@ -84,7 +84,7 @@ pub const TIME_SHARE_ROUNDS: usize = 2;
 
 /// Optimizer steps of each profiled run (the profile skips the first three) and of each time-sharing run.
 pub const PROFILE_STEPS: u64 = 8;
-/// Interleaved rounds of the one-rank runs (the fastest of each run's rounds is kept).
+/// Interleaved rounds of the profiled runs (each round a row of the fit).
 pub const PROFILE_ROUNDS: usize = 2;
 pub const TIME_SHARE_STEPS: u64 = 10;
 
