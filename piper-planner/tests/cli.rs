@@ -417,3 +417,36 @@ fn calibrate_without_workers_names_the_build_and_keeps_the_old_platform() {
     assert!(line.contains("mixtral_train not found"), "{line}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A platform whose runtime has no flash attention (`flash_attention = false`, the CPU runtime's) is
+/// priced without it by default — the s² scores held — as `--no-flash-attention` asks; elsewhere the
+/// flag changes the memory.
+#[test]
+fn attention_defaults_to_what_the_platform_runtime_runs() {
+    let peak = |platform: &str, extra: &[&str]| {
+        let base = [
+            "predict",
+            "--model",
+            "tiny",
+            "--platform",
+            platform,
+            "--pp",
+            "1",
+            "--ep",
+            "1",
+            "--dp",
+            "1",
+            "--micro-batch-size",
+            "4",
+            "--num-micro-batches",
+            "1",
+            "--seq-len",
+            "512",
+            "--json",
+        ];
+        json(&[&base[..], extra].concat())["peak_memory_bytes"].as_f64().unwrap()
+    };
+    let local = "presets/platforms/local.toml";
+    assert_eq!(peak(local, &[]), peak(local, &["--no-flash-attention"]));
+    assert!(peak("frontier", &["--no-flash-attention"]) > peak("frontier", &[]));
+}

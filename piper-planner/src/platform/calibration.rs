@@ -126,6 +126,7 @@ pub fn with_runtime(
             ..one.runtime
         }),
         train_dtype: Some("fp32".into()),
+        flash_attention: Some(false),
         ..base
     };
     platform.topology.gpu_to_nic = vec![0; ranks_per_node as usize];

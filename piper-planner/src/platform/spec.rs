@@ -59,6 +59,10 @@ pub struct Platform {
     /// The dtype the platform's runtime trains in, the planner's default `--dtype` (absent: bf16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_dtype: Option<String>,
+    /// Whether the platform's runtime runs flash attention (absent: yes). Without it the s² attention
+    /// scores are held for the backward, and the planner prices every plan so (`--no-flash-attention`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flash_attention: Option<bool>,
 }
 
 /// A network level's cost: per-node bandwidth and a per-message cost.

@@ -90,7 +90,8 @@ pub struct TrainArgs {
     /// Shard optimizer states over data-parallel copies (ZeRO-1).
     #[arg(long)]
     pub zero1: bool,
-    /// Attention without flash attention: the s² score matrix is stored.
+    /// Attention without flash attention: the s² score matrix is stored (the default on a platform
+    /// whose runtime has none, `flash_attention = false`, as on `local`).
     #[arg(long)]
     pub no_flash_attention: bool,
     /// Tokens on the busiest expert rank ÷ mean (1 = balanced routing).
@@ -99,7 +100,8 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
-    /// The settings on `platform`: the dtype defaults to the one its runtime trains in, the bytes per
+    /// The settings on `platform`: the dtype defaults to the one its runtime trains in (and attention to
+    /// its runtime's kind), the bytes per
     /// parameter to that dtype's (fp32: 4 + 4 + 8 for AdamW; lower precisions: 2 + 2 + 12 with an fp32
     /// master weight).
     pub fn config(&self, platform: &Platform) -> TrainConfig {
@@ -111,7 +113,7 @@ impl TrainArgs {
             grad_bytes: self.grad_bytes.unwrap_or(grad),
             optimizer_bytes: self.optimizer_bytes.unwrap_or(optimizer),
             zero1: self.zero1,
-            flash_attention: !self.no_flash_attention,
+            flash_attention: !self.no_flash_attention && platform.flash_attention.unwrap_or(true),
             expert_imbalance: self.expert_imbalance,
             ..TrainConfig::new(self.seq_len)
         }
