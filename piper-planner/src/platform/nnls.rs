@@ -15,7 +15,9 @@ pub struct Row {
 /// has any work or the rows are not finite.
 pub fn nnls(rows: &[Row]) -> Option<Vec<f64>> {
     let n = rows.first()?.units.len();
-    let finite = rows.iter().all(|r| r.units.len() == n && r.y.is_finite() && r.weight.is_finite());
+    let finite = rows.iter().all(|r| {
+        r.units.len() == n && r.units.iter().all(|x| x.is_finite()) && r.y.is_finite() && r.weight.is_finite()
+    });
     if !finite || n == 0 || n > 8 || rows.iter().all(|r| r.units.iter().all(|x| *x == 0.0)) {
         return None;
     }
@@ -55,7 +57,7 @@ fn solve_subset(rows: &[Row], picked: &[usize]) -> Option<Vec<f64>> {
             m[i][k] += w2 * r.units[a] * r.y;
         }
     }
-    let scale: f64 = (0..k).map(|i| m[i][i].abs()).fold(0.0, f64::max);
+    let scale = crate::limits::max_or_zero((0..k).map(|i| m[i][i].abs()));
     for col in 0..k {
         let pivot = (col..k).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))?;
         if m[pivot][col].abs() <= 1e-12 * scale {
@@ -116,6 +118,7 @@ mod tests {
     fn no_work_or_non_finite_rows_give_none() {
         assert_eq!(nnls(&[Row { units: vec![0.0, 0.0], y: 1.0, weight: 1.0 }]), None);
         assert_eq!(nnls(&[Row { units: vec![1.0], y: f64::NAN, weight: 1.0 }]), None);
+        assert_eq!(nnls(&[Row { units: vec![f64::NAN, 1.0], y: 1.0, weight: 1.0 }]), None);
         assert_eq!(nnls(&[]), None);
     }
 }
