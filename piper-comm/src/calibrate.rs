@@ -255,6 +255,7 @@ pub fn measure_links(world: &dyn Communicator, topo: &Topology, name: &str) -> R
         step_costs: None,
         time_share_exponent: None,
         train_dtype: None,
+        flash_attention: Some(false),
     };
     platform.validate().map_err(|e| format!("calibration produced an invalid platform: {e}"))?;
     let summary = format!(
