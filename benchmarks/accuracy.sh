@@ -50,7 +50,7 @@ for rep in $(seq 1 "$repeats"); do
             "${mpi[@]}" -np "$ranks" "$bin/examples/mixtral_train" --preset "${models[$mi]}" --steps "$steps" \
                 --batch-size "$batch" --seq-len "$seq" --warmup 2 --pp "$pp" --ep "$ep" --dp "$dp" \
                 --micro-batches "$m" --schedule "$schedule" --platform "$platform" \
-                --migration off --no-progress --log-every 0 --summary "$tmp/summary-$mi-$li-$rep.json" >"$tmp/run.log" 2>&1 ||
+                --migration off --no-progress --log-every 0 --history off --summary "$tmp/summary-$mi-$li-$rep.json" >"$tmp/run.log" 2>&1 ||
                 { cat "$tmp/run.log" >&2; exit 1; }
         done
     done

@@ -22,6 +22,32 @@ fn plan_auto_picks_a_layout_and_reports_its_prediction_error() {
     assert!(out.contains("plan vs measured (local platform): step"), "{out}");
 }
 
+/// A run appends its line to the history (`--history FILE`), and the line holds what re-prices the run:
+/// the planner, given the line's model, plan and settings, predicts what the run predicted.
+#[test]
+fn a_run_appends_the_line_that_re_prices_it_to_the_history() {
+    use piper::planner::planner::price;
+    let dir = std::env::temp_dir().join(format!("piper-run-history-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let history = dir.join("runs").join("history.jsonl");
+    for _ in 0..2 {
+        let mut cmd = Command::new(example());
+        cmd.args(COMMON).args(["--platform", "frontier", "--history", history.to_str().unwrap()]);
+        let (ok, out) = run(cmd, Duration::from_secs(120));
+        assert!(ok, "{out}");
+    }
+    let lines = piper::planner::history::read(&history).unwrap();
+    assert_eq!(lines.len(), 2);
+    let r = &lines[1];
+    assert_eq!((r.steps, r.plan.platform.as_str(), r.model.name.as_str()), (20, "frontier", "tiny"));
+    assert!(r.step_time_median_s > 0.0 && r.peak_rss_bytes > 0.0, "{r:?}");
+    let platform = piper::planner::platform::preset("frontier").unwrap();
+    let again = price(&r.model, &platform, &r.plan.layout(), &r.config, r.plan.all_to_all, &r.plan.split()).unwrap();
+    assert_eq!(again.step_time_s, r.plan.predicted.step_time_s);
+    assert_eq!(again.peak_memory_bytes, r.plan.predicted.peak_memory_bytes());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `--profile` prints where the steady steps went: the phases of the step, the fused operations inside
 /// them with their GFLOP/s, and shares that add up to the step (each phase's operations and "other" to
 /// the phase, the phases and "outside" to 100%).

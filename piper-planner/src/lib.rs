@@ -13,6 +13,7 @@ pub mod class_work;
 pub mod comm;
 pub mod error;
 pub mod hf;
+pub mod history;
 pub mod layout;
 pub mod limits;
 pub mod memory;

@@ -103,6 +103,8 @@ pub struct StageMemory {
     pub activation_bytes: f64,
     pub activations: ActivationTerms,
     pub overhead_bytes: f64,
+    /// The history's correction (`refinement.memory_scale` − 1 of the other parts; 0 without one).
+    pub refined_bytes: f64,
     pub total_bytes: f64,
 }
 
@@ -121,6 +123,8 @@ pub struct Footprint {
     cfg: TrainConfig,
     layout: Layout,
     overhead: f64,
+    /// The history's correction of the total (1 without one).
+    memory_scale: f64,
     /// The runtime's measured bytes per parameter ÷ the configured ones, and its activation factor (1
     /// where the platform has no runtime measurements).
     state_factor: f64,
@@ -208,6 +212,7 @@ impl Footprint {
             cfg: cfg.clone(),
             layout: *layout,
             overhead: platform.overhead_bytes(),
+            memory_scale: platform.refinement().memory_scale,
             state_factor: platform.runtime.map_or(1.0, |r| {
                 let configured = cfg.weight_bytes + cfg.grad_bytes + cfg.optimizer_bytes;
                 if configured > 0.0 { r.bytes_per_param / configured } else { 1.0 }
@@ -256,7 +261,8 @@ impl Footprint {
             activation_bytes,
             activations: act,
             overhead_bytes: self.overhead,
-            total_bytes: pb + gb + ob + activation_bytes + self.overhead,
+            refined_bytes: (self.memory_scale - 1.0) * (pb + gb + ob + activation_bytes + self.overhead),
+            total_bytes: self.memory_scale * (pb + gb + ob + activation_bytes + self.overhead),
         }
     }
 
@@ -285,9 +291,10 @@ impl Footprint {
             act += ((l.total() - l.logits) * self.activation_factor + l.logits * self.logits_factor) * in_flight;
         }
         let c = &self.cfg;
-        (params * (c.weight_bytes + c.grad_bytes) + opt_params * c.optimizer_bytes) * self.state_factor
-            + act
-            + self.overhead
+        self.memory_scale
+            * ((params * (c.weight_bytes + c.grad_bytes) + opt_params * c.optimizer_bytes) * self.state_factor
+                + act
+                + self.overhead)
     }
 
     /// Memory of every stage of a split.

@@ -341,6 +341,14 @@ impl<'a> CostModel<'a> {
     pub fn predict(&self, split: &StageSplit) -> StepPrediction {
         let mut stages: Vec<StageTime> =
             split.starts().iter().zip(&split.0).enumerate().map(|(s, (f, n))| self.stage(s as u64, *f, *n)).collect();
+        // The history's correction scales every time alike (the schedule's makespan with them).
+        let refined = self.platform.refinement().time_scale;
+        for s in &mut stages {
+            for t in [&mut s.forward_s, &mut s.backward_s, &mut s.a2a_s, &mut s.p2p_s, &mut s.grad_reduce_s] {
+                *t *= refined;
+            }
+            s.optimizer_s *= refined;
+        }
         let simulate_stages = |stages: &[StageTime]| {
             let fwd: Vec<f64> = stages.iter().map(|s| s.forward_s).collect();
             let bwd: Vec<f64> = stages.iter().map(|s| s.backward_s).collect();

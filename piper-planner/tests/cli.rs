@@ -450,3 +450,86 @@ fn attention_defaults_to_what_the_platform_runtime_runs() {
     assert_eq!(peak(local, &[]), peak(local, &["--no-flash-attention"]));
     assert!(peak("frontier", &["--no-flash-attention"]) > peak("frontier", &[]));
 }
+
+/// `piper calibrate --refine` refits a calibrated platform from a history whose runs were 25% slower
+/// and 10% smaller than it predicted: the refined platform predicts them, the report shows the held-out
+/// half, and runs of another platform are named, not counted. A missing history is one clear line, and
+/// the platform is left as it was.
+#[test]
+fn refine_fits_the_history_and_the_refined_platform_predicts_it() {
+    use piper_planner::history::{HISTORY_VERSION, HistoryRecord, append};
+    use piper_planner::layout::{Layout, StageSplit, TrainConfig};
+    use piper_planner::planner::price;
+    use piper_planner::run_plan::RunPlan;
+
+    let dir = std::env::temp_dir().join(format!("piper-cli-refine-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("local.toml");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../benchmarks/results/platforms/local.toml"), &out).unwrap();
+    let platform = piper_planner::platform::load(&out).unwrap();
+    let priced = |model: &str, layout: Layout, mbs: u64| {
+        let spec = piper_planner::model::resolve_model(model).unwrap();
+        let cfg =
+            TrainConfig { micro_batch_size: mbs, dtype: "fp32".into(), flash_attention: false, ..TrainConfig::new(63) };
+        let split = StageSplit::even(spec.num_layers, layout.pp);
+        let c = price(&spec, &platform, &layout, &cfg, piper_planner::comm::A2aAlgo::Flat, &split).unwrap();
+        (spec, cfg, c)
+    };
+    let history = dir.join("history.jsonl");
+    let one = Layout { pp: 1, ep: 1, dp: 1 };
+    let runs = [
+        ("tiny", one, 4),
+        ("tiny-qwen3", Layout { pp: 1, ep: 2, dp: 1 }, 2),
+        ("tiny", Layout { pp: 2, ep: 1, dp: 1 }, 2),
+        ("tiny-deepseek", one, 8),
+    ];
+    for (i, (model, layout, mbs)) in runs.into_iter().enumerate() {
+        let (spec, cfg, c) = priced(model, layout, mbs);
+        let mut record = HistoryRecord {
+            version: HISTORY_VERSION,
+            unix_time_s: i as u64,
+            plan: RunPlan::from_candidate(&spec, &platform.name, 63, "fp32", &c),
+            model: spec,
+            config: cfg,
+            cores: platform.cores_per_node.unwrap(),
+            node_ranks: layout.gpus(),
+            steps: 50,
+            step_time_median_s: 1.25 * c.step_time_s,
+            peak_rss_bytes: 0.9 * c.peak_memory_bytes,
+            steal_share: Some(0.01),
+        };
+        append(&history, &record).unwrap();
+        if i == 0 {
+            record.plan.platform = "frontier".into();
+            append(&history, &record).unwrap();
+        }
+    }
+    let run = |h: &std::path::Path| {
+        piper(&["calibrate", "--refine", "--out", out.to_str().unwrap(), "--history", h.to_str().unwrap()])
+    };
+    let line = error_line(&[
+        "calibrate",
+        "--refine",
+        "--out",
+        out.to_str().unwrap(),
+        "--history",
+        dir.join("none.jsonl").to_str().unwrap(),
+    ]);
+    assert!(line.contains("none.jsonl: cannot read"), "{line}");
+    assert_eq!(piper_planner::platform::load(&out).unwrap(), platform);
+    let o = run(&history);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(text.contains("refined from 4 run(s)") && text.contains("time ×1.250, memory ×0.900"), "{text}");
+    assert!(text.contains("held out (refitted on the older 2 run(s), tried on the newer 2)"), "{text}");
+    assert!(text.contains("not counted: 1 of platform `frontier`"), "{text}");
+    let refined = piper_planner::platform::load(&out).unwrap();
+    let spec = piper_planner::model::resolve_model("tiny").unwrap();
+    let (_, cfg, before) = priced("tiny", one, 4);
+    let after =
+        price(&spec, &refined, &one, &cfg, piper_planner::comm::A2aAlgo::Flat, &StageSplit::even(2, 1)).unwrap();
+    assert!((after.step_time_s / before.step_time_s - 1.25).abs() < 1e-9);
+    assert!((after.peak_memory_bytes / before.peak_memory_bytes - 0.9).abs() < 1e-9);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

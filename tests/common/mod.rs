@@ -45,9 +45,13 @@ pub fn example() -> PathBuf {
 }
 
 /// Runs a command to completion, or kills it and fails the test after `limit`; returns (success,
-/// stdout + stderr).
+/// stdout + stderr). A test's runs stay out of the user's history of training runs (`PIPER_HISTORY=off`)
+/// unless the command names one.
 pub fn run(mut cmd: Command, limit: Duration) -> (bool, String) {
     let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !cmd.get_envs().any(|(k, _)| k == "PIPER_HISTORY") {
+        cmd.env("PIPER_HISTORY", "off");
+    }
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
     let start = Instant::now();
     loop {

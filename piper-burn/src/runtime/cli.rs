@@ -63,6 +63,11 @@ pub struct RunArgs {
     /// The run summary (JSON) at the end (rank 0).
     #[arg(long)]
     pub summary: Option<PathBuf>,
+    /// The history of training runs this run appends its predicted and measured figures to (rank 0),
+    /// which `piper calibrate --refine` refits the platform from; `off` for none [default:
+    /// $PIPER_HISTORY, else ~/.local/share/piper/history.jsonl].
+    #[arg(long)]
+    pub history: Option<PathBuf>,
     /// A log line every N steps (0: none).
     #[arg(long, default_value_t = 50)]
     pub log_every: usize,

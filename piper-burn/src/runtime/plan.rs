@@ -43,7 +43,7 @@ impl LayoutFlags {
 /// The planner's view of a run: f32 weights, gradients and AdamW moments (4 + 4 + 8 bytes per
 /// parameter), no recomputation, and attention that keeps its s × s scores (the runtime's attention
 /// is not flash attention).
-fn train_config(run: &RunConfig, micro_batch_size: u64, micro_batches: u64, schedule: Schedule) -> TrainConfig {
+fn train_config(seq_len: u64, micro_batch_size: u64, micro_batches: u64, schedule: Schedule) -> TrainConfig {
     TrainConfig {
         micro_batch_size,
         num_micro_batches: micro_batches,
@@ -54,8 +54,13 @@ fn train_config(run: &RunConfig, micro_batch_size: u64, micro_batches: u64, sche
         grad_bytes: 4.0,
         optimizer_bytes: 8.0,
         flash_attention: false,
-        ..TrainConfig::new(run.seq_len as u64)
+        ..TrainConfig::new(seq_len)
     }
+}
+
+/// The settings the planner prices `plan` with, as the runtime trains it (see [`train_config`]).
+pub fn priced_config(plan: &RunPlan) -> TrainConfig {
+    train_config(plan.seq_len, plan.micro_batch_size, plan.num_micro_batches, plan.schedule)
 }
 
 /// The plan for a layout given by flags, priced by the planner on `platform` (its predictions are what
@@ -106,7 +111,12 @@ pub fn plan_from_flags(
         ));
     }
     let split = flags.split.clone().unwrap_or_else(|| StageSplit::even(spec.num_layers, l.pp));
-    let cfg = train_config(run, (run.global_batch / per_step) as u64, flags.micro_batches as u64, flags.schedule);
+    let cfg = train_config(
+        run.seq_len as u64,
+        (run.global_batch / per_step) as u64,
+        flags.micro_batches as u64,
+        flags.schedule,
+    );
     let candidate = price(spec, platform, &l, &cfg, flags.all_to_all, &split)?;
     Ok(RunPlan::from_candidate(spec, &platform.name, run.seq_len as u64, "fp32", &candidate))
 }
@@ -116,7 +126,7 @@ pub fn plan_from_flags(
 pub fn plan_auto(spec: &ModelSpec, platform: &Platform, run: &RunConfig, ranks: usize) -> Result<RunPlan> {
     run.validate()?;
     let mut req = PlanRequest::new(ranks as u64, run.global_batch as u64, run.seq_len as u64);
-    let base = train_config(run, 1, 1, Schedule::OneFOneB);
+    let base = train_config(run.seq_len as u64, 1, 1, Schedule::OneFOneB);
     req.base = base;
     req.schedules = vec![Schedule::OneFOneB, Schedule::GPipe];
     req.recomputes = vec![Recompute::None];

@@ -18,6 +18,7 @@
 
 pub mod error;
 pub mod fit;
+pub mod refine;
 pub mod runs;
 pub mod steal;
 pub mod validate;
@@ -149,6 +150,8 @@ fn train_args(run: &ProfileRun, model: &str, steps: u64, summary: &Path) -> Vec<
         ("--warmup", "1".into()),
         ("--log-every", "0".into()),
         ("--summary", summary.display().to_string()),
+        // The calibration's runs are its fit, not history to refine it with.
+        ("--history", "off".into()),
     ];
     flags.into_iter().flat_map(|(k, v)| [k.to_string(), v]).chain(["--no-progress".to_string()]).collect()
 }

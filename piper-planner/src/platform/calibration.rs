@@ -127,6 +127,7 @@ pub fn with_runtime(
         }),
         train_dtype: Some("fp32".into()),
         flash_attention: Some(false),
+        refinement: None,
         ..base
     };
     platform.topology.gpu_to_nic = vec![0; ranks_per_node as usize];

@@ -3,6 +3,7 @@
 pub mod calibration;
 pub mod efficiency;
 pub mod nnls;
+pub mod refinement;
 pub mod runtime;
 pub mod spec;
 pub mod step_costs;
@@ -15,6 +16,7 @@ pub use calibration::{
     DataParallelRuns, MemoryFit, MemoryPoint, ProfiledRun, fit_memory, with_data_parallel, with_runtime,
     with_step_costs,
 };
+pub use refinement::Refinement;
 pub use runtime::RuntimeCosts;
 pub use spec::{GIB, GemmTable, Level, Link, Platform, Topology};
 pub use step_costs::{ClassWork, StepCosts, StepRun, WorkClass, fit_step_costs};

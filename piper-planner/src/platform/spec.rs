@@ -63,6 +63,9 @@ pub struct Platform {
     /// scores are held for the backward, and the planner prices every plan so (`--no-flash-attention`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flash_attention: Option<bool>,
+    /// Measured ÷ predicted of the runs in the history (`piper calibrate --refine`); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refinement: Option<super::refinement::Refinement>,
 }
 
 /// A network level's cost: per-node bandwidth and a per-message cost.
@@ -144,6 +147,11 @@ impl Platform {
 
     pub fn gpu_memory_bytes(&self) -> f64 {
         self.gpu_memory_gib * GIB
+    }
+
+    /// The history's correction of every prediction (none without `piper calibrate --refine`).
+    pub fn refinement(&self) -> super::refinement::Refinement {
+        self.refinement.unwrap_or(super::refinement::Refinement::NONE)
     }
 
     pub fn overhead_bytes(&self) -> f64 {
@@ -272,6 +280,9 @@ impl Platform {
         }
         if let Some(sc) = &self.step_costs {
             sc.validate(&src, "step_costs")?;
+        }
+        if let Some(r) = &self.refinement {
+            r.validate(&src)?;
         }
         if let Some(d) = &self.train_dtype
             && !self.peak_tflops.contains_key(d)

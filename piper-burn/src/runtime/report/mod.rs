@@ -4,12 +4,15 @@
 //!   JSON-lines file (`--metrics`);
 //! - [`progress`]: the progress bar or log lines on rank 0;
 //! - [`summary`]: the run's opening description, the summary (`--summary FILE.json`) and the
-//!   plan-versus-measured report.
+//!   plan-versus-measured report;
+//! - [`history`]: the run's line in the history of training runs (`--history`).
 
+pub mod history;
 pub mod metrics;
 pub mod progress;
 pub mod summary;
 
+pub use history::history_record;
 pub use metrics::{MetricsFile, MigrationEvent, SavedCheckpoint, StepMetrics};
 pub use progress::{ReportOptions, Reporter};
 pub use summary::{RunSummary, SummaryLayout, describe_run};

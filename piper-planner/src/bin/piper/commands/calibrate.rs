@@ -3,8 +3,11 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use piper_planner::atomic::write_atomic;
+use piper_planner::calibrate::refine::{Errors, describe};
 use piper_planner::calibrate::{CalibrateError, Settings, calibrate};
-use piper_planner::platform::calibrated_local_path;
+use piper_planner::history::{HistoryTarget, read};
+use piper_planner::platform::{calibrated_local_path, load, to_toml};
 
 /// Measure this machine through the runtime's own binaries (`mixtral_train`, `calibrate_runtime`, built
 /// with MPI: the command is in `--help`) and write the platform the planner prices with.
@@ -31,6 +34,14 @@ pub struct Args {
     /// calibration, or refit after a change of the resource model without measuring again).
     #[arg(long, requires = "work")]
     reuse: bool,
+    /// Measure nothing: refit the calibrated platform (--out, read and rewritten) from the history of
+    /// its training runs — measured ÷ predicted step time and peak memory of the recent runs — and
+    /// print how well the older runs' refit predicts the newer ones.
+    #[arg(long, conflicts_with_all = ["reuse", "work", "bin_dir", "link_ranks", "ranks_per_node"])]
+    refine: bool,
+    /// The history to refine from (default: $PIPER_HISTORY, else ~/.local/share/piper/history.jsonl).
+    #[arg(long, requires = "refine")]
+    history: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> Result<String, CalibrateError> {
@@ -39,6 +50,9 @@ pub fn run(a: Args) -> Result<String, CalibrateError> {
         .out
         .or_else(calibrated_local_path)
         .ok_or_else(|| CalibrateError::file("--out", "no home folder for the default path; pass --out FILE"))?;
+    if a.refine {
+        return refine(&out, a.history.as_deref());
+    }
     let here = std::env::current_exe().map_err(|e| CalibrateError::file("piper", e))?;
     let bin_dir = a.bin_dir.or_else(|| here.parent().map(PathBuf::from)).unwrap_or_default();
     let temporary = a.work.is_none();
@@ -78,4 +92,46 @@ pub fn run(a: Args) -> Result<String, CalibrateError> {
         platform.framework_overhead_gib,
         platform.time_share_exponent.unwrap_or(f64::NAN),
     ))
+}
+
+/// `--refine`: the platform at `out` refitted from the history, written atomically.
+fn refine(out: &std::path::Path, history: Option<&std::path::Path>) -> Result<String, CalibrateError> {
+    let path = match HistoryTarget::resolve(history) {
+        HistoryTarget::File(p) => p,
+        HistoryTarget::Off => {
+            return Err(CalibrateError::file("--history", "is off (or there is no home folder); pass --history FILE"));
+        }
+    };
+    if !out.is_file() {
+        return Err(CalibrateError::file(out, "is not a calibrated platform; run `piper calibrate` first"));
+    }
+    let platform = load(out)?;
+    let (refined, report) = piper_planner::calibrate::refine::refine(&platform, &read(&path)?)?;
+    write_atomic(out, to_toml(&refined).as_bytes()).map_err(|e| CalibrateError::file(out, e))?;
+    let r = report.refinement;
+    let pct = |e: &Errors| format!("step time {:.1}%, peak memory {:.1}%", 100.0 * e.step, 100.0 * e.memory);
+    let mut text = format!(
+        "{}: refined from {} run(s) of {}: time ×{:.3}, memory ×{:.3}\n  median |error| on those runs: before {}; after {}\n",
+        out.display(),
+        report.used,
+        path.display(),
+        r.time_scale,
+        r.memory_scale,
+        pct(&report.before),
+        pct(&report.after),
+    );
+    match report.held_out {
+        Some(h) => text.push_str(&format!(
+            "  held out (refitted on the older {} run(s), tried on the newer {}): before {}; after {}\n",
+            h.fitted_on,
+            h.tried_on,
+            pct(&h.before),
+            pct(&h.after)
+        )),
+        None => text.push_str("  held out: fewer than 4 runs, nothing to try the refit on yet\n"),
+    }
+    if !report.skipped.is_empty() {
+        text.push_str(&format!("  not counted: {}\n", describe(&report.skipped)));
+    }
+    Ok(text)
 }
