@@ -12,7 +12,7 @@
 #       benchmarks/accuracy.sh [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=${1:-10}
+steps=${1:-30}
 if ! [[ $steps =~ ^[1-9][0-9]*$ ]] || ((steps < 6)); then
     echo "error: STEPS must be an integer ≥ 6 (the median skips the first three steps); got '$steps'" >&2
     exit 2

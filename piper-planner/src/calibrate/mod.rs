@@ -11,8 +11,9 @@
 //!    copies at once), the [`runs::EP_RUNS`] as one expert group filling the node, each in two
 //!    interleaved rounds (each round a row of the fit: a shared host's speed drifts between them), and
 //!    data-parallel runs on `cores` and `2 × cores` ranks (time sharing). The profiles book every
-//!    operation into the step cost classes; the one-rank runs on every core fit the memory. The CPU
-//!    time the host gave other guests meanwhile (steal) is reported;
+//!    operation into the step cost classes; the second round's one-rank runs on every core, long
+//!    enough for the allocator's pools to fill, fit the memory. The CPU time the host gave other
+//!    guests meanwhile (steal) is reported;
 //! 4. **fit**: the platform with its tables per thread count, step costs, memory and time-sharing
 //!    exponent, written atomically (the previous calibration stays whole until the new one is).
 
@@ -28,7 +29,8 @@ use std::path::{Path, PathBuf};
 
 pub use error::{CalibrateError, Result};
 use runs::{
-    EP_RUNS, PROFILE_ROUNDS, PROFILE_STEPS, ProfileRun, STEP_RUNS, TIME_SHARE_ROUNDS, TIME_SHARE_RUN, TIME_SHARE_STEPS,
+    EP_RUNS, MEMORY_SECONDS, MEMORY_STEPS, PROFILE_ROUNDS, PROFILE_STEPS, ProfileRun, STEP_RUNS, TIME_SHARE_ROUNDS,
+    TIME_SHARE_RUN, TIME_SHARE_STEPS,
 };
 use workers::{Job, Workers, run_at_once};
 
@@ -158,7 +160,8 @@ fn train_args(run: &ProfileRun, model: &str, steps: u64, summary: &Path) -> Vec<
 
 /// Every step run at every thread count (copies at once), profiled, in [`PROFILE_ROUNDS`] interleaved
 /// rounds, each round a row of the fit (the machine's speed drifts between rounds; the fit takes their
-/// middle, as a run's median step does). The memory points of the runs on every core.
+/// middle, as a run's median step does). The memory points of the last round's runs on every core,
+/// which run [`memory_steps`].
 fn profile_one_rank(
     s: &Settings,
     w: &Workers,
@@ -167,15 +170,24 @@ fn profile_one_rank(
 ) -> Result<(Vec<ProfiledRun>, Vec<MemoryPoint>)> {
     let summary =
         |i: usize, t: u64, copy: u64, round: usize| s.work.join(format!("summary-{i}-{t}-{copy}-{round}.json"));
+    let last = PROFILE_ROUNDS - 1;
     for round in 0..PROFILE_ROUNDS {
         for (i, run) in STEP_RUNS.iter().enumerate() {
             let model = run.model.arg(&s.work)?;
             for &t in threads {
+                // The last round's runs on every core measure memory too: long enough to reach the
+                // steady state of the allocator's pools, as a long run does.
+                let steps = match round {
+                    r if r == last && t == s.cores && run.memory => {
+                        memory_steps(fit::RunSummary::read(&summary(i, t, 0, 0))?.step_s)
+                    }
+                    _ => PROFILE_STEPS,
+                };
                 s.copies_at_once(
                     t,
                     |copy| summary(i, t, copy, round),
                     |copy| {
-                        let mut args = train_args(run, &model, PROFILE_STEPS, &summary(i, t, copy, round));
+                        let mut args = train_args(run, &model, steps, &summary(i, t, copy, round));
                         args.push("--profile".into());
                         Job {
                             what: format!("profiled run {} on {t} thread(s)", run.model.name),
@@ -196,7 +208,7 @@ fn profile_one_rank(
                 for round in 0..PROFILE_ROUNDS {
                     let read = fit::RunSummary::read(&summary(i, t, copy, round))?;
                     profiled.push(fit::profiled_run(&read, spec.clone(), run, t, 1)?);
-                    if t == s.cores && copy == 0 {
+                    if run.memory && t == s.cores && copy == 0 && round == last {
                         memory.push(fit::memory_point(&read, &spec, base, run)?);
                     }
                 }
@@ -204,6 +216,12 @@ fn profile_one_rank(
         }
     }
     Ok((profiled, memory))
+}
+
+/// Steps of a memory run whose first round's step took `step_s`: about [`MEMORY_SECONDS`], within
+/// `PROFILE_STEPS..=MEMORY_STEPS`.
+fn memory_steps(step_s: f64) -> u64 {
+    ((MEMORY_SECONDS / step_s) as u64).clamp(PROFILE_STEPS, MEMORY_STEPS)
 }
 
 /// Each expert-parallel run as one expert group of `cores ÷ threads` ranks, for every thread count
