@@ -163,15 +163,21 @@ fn plan_out_writes_the_run_plan() {
     std::fs::remove_file(&path).unwrap();
 }
 
-/// A plan the runtime cannot run is priced and shown, never written.
+/// A plan the runtime cannot run is priced and shown, never written: with `--out`, that is an error
+/// (exit 2) and the file a user had stays; so is a request nothing fits.
 #[test]
 fn plan_out_writes_only_what_the_runtime_runs() {
     let path = std::env::temp_dir().join(format!("piper-plan-bf16-{}.json", std::process::id()));
+    std::fs::write(&path, "the previous plan").unwrap();
     let args = ["plan", "--model", "mixtral-8x7b", "--platform", "frontier", "--gpus", "64", "--seq-len", "4096"];
-    let out = piper(&[&args[..], &["--global-batch", "256", "--out", path.to_str().unwrap()]].concat());
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && !path.exists(), "{text}");
-    assert!(text.contains("no plan written") && text.contains("re-plan with --dtype fp32"), "{text}");
+    let line = error_line(&[&args[..], &["--global-batch", "256", "--out", path.to_str().unwrap()]].concat());
+    assert!(line.contains("no plan written") && line.contains("re-plan with --dtype fp32"), "{line}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "the previous plan");
+    let huge = ["plan", "--model", "deepseek-v3", "--platform", "frontier", "--gpus", "1", "--seq-len", "4096"];
+    let line = error_line(&[&huge[..], &["--global-batch", "8", "--out", path.to_str().unwrap()]].concat());
+    assert!(line.contains("no plan written: nothing is feasible") && line.contains("run without --out"), "{line}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "the previous plan");
+    std::fs::remove_file(&path).unwrap();
     let out =
         piper(&[&args[..], &["--global-batch", "256", "--dtype", "fp32", "--out", path.to_str().unwrap()]].concat());
     let text = String::from_utf8_lossy(&out.stdout);
@@ -531,5 +537,37 @@ fn refine_fits_the_history_and_the_refined_platform_predicts_it() {
         price(&spec, &refined, &one, &cfg, piper_planner::comm::A2aAlgo::Flat, &StageSplit::even(2, 1)).unwrap();
     assert!((after.step_time_s / before.step_time_s - 1.25).abs() < 1e-9);
     assert!((after.peak_memory_bytes / before.peak_memory_bytes - 0.9).abs() < 1e-9);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--out` and `--json` targets that are not regular files are never replaced: a FIFO nobody reads is
+/// refused at once (no hang), a character device made in a temporary folder (root; else `/dev/null`) is
+/// written in place, a directory is refused; each is still what it was.
+#[cfg(unix)]
+#[test]
+fn outputs_that_are_not_regular_files_stay_what_they_were() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = std::env::temp_dir().join(format!("piper-cli-special-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = |p: &std::path::Path| std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    let fifo = dir.join("plan.fifo");
+    // SAFETY: NUL-terminated paths; the calls only create nodes.
+    assert_eq!(unsafe { libc::mkfifo(c(&fifo).as_ptr(), 0o600) }, 0);
+    let node = dir.join("null");
+    let made = unsafe { libc::mknod(c(&node).as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) } == 0;
+    let device = if made { node } else { std::path::PathBuf::from("/dev/null") };
+    let plan =
+        ["plan", "--model", "tiny", "--platform", "local", "--gpus", "2", "--seq-len", "64", "--global-batch", "8"];
+    let start = std::time::Instant::now();
+    let line = error_line(&[&plan[..], &["--out", fifo.to_str().unwrap()]].concat());
+    assert!(line.contains("FIFO that no process reads") && start.elapsed().as_secs() < 30, "{line}");
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    let out = piper(&[&plan[..], &["--out", device.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::metadata(&device).unwrap().file_type().is_char_device());
+    let line = error_line(&[&plan[..], &["--out", dir.to_str().unwrap()]].concat());
+    assert!(line.contains("is a directory, not a file"), "{line}");
+    assert!(dir.is_dir());
     std::fs::remove_dir_all(&dir).unwrap();
 }

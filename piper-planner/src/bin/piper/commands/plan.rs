@@ -2,7 +2,7 @@
 
 use piper_planner::Result;
 use piper_planner::model::resolve_model;
-use piper_planner::planner::{EpDomain, PlanRequest, plan};
+use piper_planner::planner::{EpDomain, PlanReport, PlanRequest, plan};
 use piper_planner::platform::resolve_platform;
 use piper_planner::run_plan::{RunPlan, runtime_refusal};
 use serde_json::json;
@@ -92,6 +92,9 @@ pub fn run(a: Args) -> Result<String> {
     let search_s = start.elapsed().as_secs_f64();
     // The plan file holds the best plan the runtime executes (the table may rank others above it).
     let runnable = report.plans.iter().position(|c| runtime_refusal(&base.dtype, c.recompute).is_none());
+    if let (Some(path), None) = (&a.out, runnable) {
+        return Err(nothing_to_write(path, &report, &base.dtype));
+    }
     if let (Some(path), Some(i)) = (&a.out, runnable) {
         let run = RunPlan::from_candidate(&spec, &platform.name, a.train.seq_len, &base.dtype, &report.plans[i]);
         let text = serde_json::to_string_pretty(&run).expect("json");
@@ -179,22 +182,30 @@ pub fn run(a: Args) -> Result<String> {
         let why = report.plans.iter().find_map(|c| runtime_refusal(&base.dtype, c.recompute)).expect("some");
         outln!(out, "† priced only, the runtime does not run it: `{}` {}", why.0, why.1);
     }
-    if let Some(path) = &a.out {
-        match runnable {
-            Some(0) => outln!(out, "plan written to {}", path.display()),
-            Some(i) => outln!(out, "plan #{} (the best the runtime runs) written to {}", i + 1, path.display()),
-            None if report.plans.is_empty() => {
-                outln!(out, "no plan written to {}: nothing is feasible", path.display())
-            }
-            None => {
-                let (field, why) = runtime_refusal(&base.dtype, report.plans[0].recompute).expect("refused");
-                outln!(
-                    out,
-                    "no plan written to {}: no feasible plan is one the runtime runs (`{field}` {why})",
-                    path.display()
-                )
-            }
+    match (&a.out, runnable) {
+        (Some(path), Some(0)) => outln!(out, "plan written to {}", path.display()),
+        (Some(path), Some(i)) => {
+            outln!(out, "plan #{} (the best the runtime runs) written to {}", i + 1, path.display())
         }
+        _ => {}
     }
     Ok(out)
+}
+
+/// `--out` when no plan can be written: an error (exit 2, the file left as it was) naming why.
+fn nothing_to_write(path: &std::path::Path, report: &PlanReport, dtype: &str) -> piper_planner::Error {
+    let why = match (report.plans.first(), report.rejected.first()) {
+        (Some(c), _) => {
+            let (field, why) = runtime_refusal(dtype, c.recompute).expect("none runnable");
+            format!("no feasible plan is one the runtime runs (`{field}` {why})")
+        }
+        (None, Some(r)) => format!(
+            "nothing is feasible ({} layout(s) rejected, e.g. EP={}: {}); run without --out to see every reason",
+            report.rejected.len(),
+            r.ep,
+            r.reason
+        ),
+        (None, None) => "nothing is feasible".into(),
+    };
+    piper_planner::Error::file(path.display().to_string(), format!("no plan written: {why}"))
 }
