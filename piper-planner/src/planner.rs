@@ -178,6 +178,17 @@ pub fn price(
     layout.validate(spec, None)?;
     cfg.validate_for(layout)?;
     split.validate(spec.num_layers, layout.pp)?;
+    if cfg.expert_imbalance > layout.ep as f64 {
+        // The busiest of EP expert ranks holds at most all the tokens: EP × the mean.
+        return Err(Error::invalid(
+            "training config",
+            "--expert-imbalance",
+            format!(
+                "is {} but EP = {}: the busiest expert rank holds at most EP × the mean tokens; pass at most {}",
+                cfg.expert_imbalance, layout.ep, layout.ep
+            ),
+        ));
+    }
     let footprint = Footprint::new(spec, platform, layout, cfg)?;
     let prediction = CostModel::new(spec, platform, layout, cfg, algo)?.predict(split);
     Ok(candidate(layout, cfg, algo, split, footprint.stages(split), prediction))

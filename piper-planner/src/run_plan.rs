@@ -301,6 +301,19 @@ impl RunPlan {
                 return bad(field, format!("is {v}; predictions are finite and ≥ 0"));
             }
         }
+        // The run sets its measurements against these: a zero would print NaN or ±inf as the error.
+        let plan_again = "re-plan with `piper plan --out`";
+        for (field, v) in [("predicted.step_time_s", p.step_time_s), ("predicted.tokens_per_s", p.tokens_per_s)] {
+            if v <= 0.0 {
+                return bad(field, format!("is {v}; a step takes time and trains tokens ({plan_again})"));
+            }
+        }
+        if p.stage_memory_bytes.len() as u64 != self.pp || p.stage_memory_bytes.iter().any(|b| *b <= 0.0) {
+            return bad(
+                "predicted.stage_memory_bytes",
+                format!("must hold one positive figure per stage ({} stages; {plan_again})", self.pp),
+            );
+        }
         Ok(())
     }
 }
@@ -355,6 +368,11 @@ mod tests {
             ("`migration.threshold` is NaN", Box::new(|p| p.migration.threshold = f64::NAN)),
             ("`predicted.step_time_s` is -1", Box::new(|p| p.predicted.step_time_s = -1.0)),
             ("`predicted.mfu` is inf", Box::new(|p| p.predicted.mfu = f64::INFINITY)),
+            // A zero prediction made the run print "NaN% measured".
+            ("`predicted.step_time_s` is 0; a step takes time", Box::new(|p| p.predicted.step_time_s = 0.0)),
+            ("`predicted.tokens_per_s` is 0", Box::new(|p| p.predicted.tokens_per_s = 0.0)),
+            ("`predicted.stage_memory_bytes` must hold one", Box::new(|p| p.predicted.stage_memory_bytes.clear())),
+            ("`predicted.stage_memory_bytes` must hold one", Box::new(|p| p.predicted.stage_memory_bytes[0] = 0.0)),
             ("`rank_order`", Box::new(|p| p.rank_order = "pp,dp,ep".into())),
         ];
         for (want, mutate) in cases {

@@ -126,6 +126,11 @@ fn flags_with_non_finite_negative_or_absurd_numbers_are_refused() {
             vec!["--ep", "must divide --gpus 4"],
         ),
         (vec!["plan", "--model", "tiny", "--gpus", "4", "--global-batch", "8", "--top", "0"], vec!["--top"]),
+        // The busiest of EP expert ranks holds at most EP × the mean.
+        (
+            vec!["predict", "--model", "tiny", "--ep", "2", "--expert-imbalance", "2.5"],
+            vec!["--expert-imbalance", "is 2.5 but EP = 2", "at most 2"],
+        ),
         (vec!["plan", "--model", "tiny", "--gpus", "1099511627777", "--global-batch", "8"], vec!["--gpus"]),
         (
             vec!["plan", "--model", "tiny", "--gpus", "4", "--global-batch", "8", "--micro-batch-sizes", "0"],

@@ -232,14 +232,15 @@ fn qwen_moe(f: &Fields) -> Result<ModelSpec> {
     let qwen2 = f.model_type == "qwen2_moe";
     let layers_n = f.num_layers()?;
     let every = f.u64_opt("decoder_sparse_step")?.unwrap_or(1);
+    if every == 0 {
+        // transformers takes `(i + 1) % decoder_sparse_step`: 0 is a division by zero there.
+        return Err(Error::invalid(f.source, "decoder_sparse_step", "is 0; 1 makes every layer sparse, k every k-th"));
+    }
     let dense = f.u64_list("mlp_only_layers")?;
     // transformers: layer i is sparse when i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
-    let layers =
-        (0..layers_n)
-            .map(|i| {
-                if !dense.contains(&i) && every > 0 && (i + 1) % every == 0 { LayerKind::Moe } else { LayerKind::Dense }
-            })
-            .collect();
+    let layers = (0..layers_n)
+        .map(|i| if !dense.contains(&i) && (i + 1) % every == 0 { LayerKind::Moe } else { LayerKind::Dense })
+        .collect();
     let mut moe = Moe::softmax(
         f.num_experts()?,
         f.u64("num_experts_per_tok")?,
@@ -514,5 +515,9 @@ mod tests {
         let spec = from_hf_config_str(text, "c.json").unwrap();
         use LayerKind::*;
         assert_eq!(spec.layers, vec![Dense, Moe, Dense, Dense]);
+        // transformers divides by it; 0 is no model (it was read as one without MoE layers).
+        let zero = text.replace(r#""decoder_sparse_step":2"#, r#""decoder_sparse_step":0"#);
+        let err = from_hf_config_str(&zero, "c.json").unwrap_err().to_string();
+        assert!(err.contains("c.json: `decoder_sparse_step` is 0; 1 makes every layer sparse"), "{err}");
     }
 }

@@ -108,6 +108,16 @@ pub fn read_hf_tensors(dir: &Path, names: &[String]) -> Result<(TensorMap, Vec<S
             let values = decode(dtype, &bytes).ok_or_else(|| {
                 Error::file(&show, format!("tensor `{name}` is {dtype}; Piper reads F32, BF16 and F16 weights"))
             })?;
+            // Once, on load: a NaN or inf weight would only show later as a NaN loss or gradient.
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                let why = format!(
+                    "tensor `{}` holds {} at element {i} of {}; the weights are damaged: download or export them again",
+                    name.escape_debug(),
+                    values[i],
+                    values.len()
+                );
+                return Err(Error::file(&show, why));
+            }
             out.insert(name.clone(), (shape.clone(), values));
         }
     }
@@ -117,6 +127,30 @@ pub fn read_hf_tensors(dir: &Path, names: &[String]) -> Result<(TensorMap, Vec<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A NaN or inf weight is refused on load, naming the file, the tensor and the element.
+    #[test]
+    fn non_finite_weights_are_refused_naming_the_tensor() {
+        let dir = std::env::temp_dir().join(format!("piper-hf-nan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (bad, shown) in [(f32::NAN, "NaN"), (f32::INFINITY, "inf"), (f32::NEG_INFINITY, "-inf")] {
+            let (ok, w): (Vec<u8>, Vec<u8>) = (
+                [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect(),
+                [1.0f32, 2.0, bad].iter().flat_map(|v| v.to_le_bytes()).collect(),
+            );
+            let views = [
+                ("norm.weight", safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &ok).unwrap()),
+                ("proj.weight", safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![3], &w).unwrap()),
+            ];
+            safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+            let (read, _) = read_hf_tensors(&dir, &["norm.weight".into()]).unwrap();
+            assert_eq!(read["norm.weight"].1, vec![1.0, 2.0]);
+            let err = read_hf_tensors(&dir, &["proj.weight".into()]).unwrap_err().to_string();
+            let want = format!("model.safetensors: tensor `proj.weight` holds {shown} at element 2 of 3");
+            assert!(err.contains(&want), "{err}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn half_precision_decodes_as_ieee_says() {
