@@ -17,7 +17,6 @@ use piper::modules::CausalLmConfig;
 use piper::modules::runtime::cli::{ResolvedRun, RunArgs};
 use piper::modules::runtime::report::describe_run;
 use piper::modules::runtime::{self, Job, Reporter};
-use piper::planner::history::HistoryTarget;
 use piper::planner::model::training_flops_per_token;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -119,11 +118,8 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), Box<dyn std
         if let Some(path) = &a.run.summary {
             summary.write(path)?;
         }
-        if let HistoryTarget::File(path) = HistoryTarget::resolve(a.run.history.as_deref()) {
-            let record = runtime::report::history_record(spec, plan, &summary);
-            if let Err(e) = piper::planner::history::append(&path, &record) {
-                eprintln!("warning: the run's line in the history was not kept: {e}");
-            }
+        if let Err(e) = runtime::report::append_history(a.run.history.as_deref(), spec, plan, &summary) {
+            eprintln!("warning: the run's line in the history was not kept: {e}");
         }
     }
     Ok(())

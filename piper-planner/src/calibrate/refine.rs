@@ -12,6 +12,7 @@ use crate::history::HistoryRecord;
 use crate::planner::price;
 use crate::platform::{Platform, Refinement};
 
+use super::median;
 use super::steal::STEAL_WARN;
 
 /// Most recent runs a refinement is fitted on: the machine as it is now, not as it was months ago.
@@ -152,12 +153,6 @@ fn errors(runs: &[Priced], r: &Refinement) -> Errors {
             runs.iter().map(|p| err(r.memory_scale * p.predicted_peak_bytes, p.measured_peak_bytes)).collect(),
         ),
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    if v.len().is_multiple_of(2) { (v[mid - 1] + v[mid]) / 2.0 } else { v[mid] }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ pub mod metrics;
 pub mod progress;
 pub mod summary;
 
-pub use history::history_record;
+pub use history::{append_history, history_record};
 pub use metrics::{MetricsFile, MigrationEvent, SavedCheckpoint, StepMetrics};
 pub use progress::{ReportOptions, Reporter};
 pub use summary::{RunSummary, SummaryLayout, describe_run};
