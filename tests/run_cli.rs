@@ -2,7 +2,7 @@
 //! reports its prediction error; every class of bad run configuration (checkpoint flags included) gets
 //! one `error:` line naming the flag, exit code 2, and no work; layouts that need more ranks than the job
 //! has are refused; a save killed midway leaves the previous checkpoint; a DeepSeek-V3 folder with an MTP
-//! module trains only with `--mtp-loss-weight 0`.
+//! module trains only with `--mtp-loss-weight 0`; `--summary` to a FIFO or a device leaves it what it was.
 
 mod common;
 
@@ -241,4 +241,31 @@ fn deepseek_v3_with_mtp_trains_only_with_an_explicit_zero_weight() {
     assert!(!ok && out.contains("--mtp-loss-weight") && out.contains("no multi-token-prediction module"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_dir_all(&mixtral).unwrap();
+}
+
+/// `--summary` to targets that are not regular files: a FIFO a reader drains gets the whole summary, a
+/// character device made in a temporary folder (as root; else `/dev/null`) is written in place; each is
+/// still what it was afterwards.
+#[cfg(unix)]
+#[test]
+fn summaries_to_a_fifo_or_a_device_leave_them_what_they_were() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = std::env::temp_dir().join(format!("piper-run-special-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (fifo, reader, device) = common::special_outputs(&dir);
+    let mut cmd = Command::new(example());
+    cmd.args(COMMON).args(["--summary", fifo.to_str().unwrap()]);
+    let (ok, out) = run(cmd, Duration::from_secs(120));
+    assert!(ok, "{out}");
+    let text = reader.join().unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert!(doc["step_time_median_s"].as_f64().is_some_and(|t| t > 0.0), "{text}");
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    let mut cmd = Command::new(example());
+    cmd.args(COMMON).args(["--summary", device.to_str().unwrap()]);
+    let (ok, out) = run(cmd, Duration::from_secs(120));
+    assert!(ok, "{out}");
+    assert!(std::fs::metadata(&device).unwrap().file_type().is_char_device());
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -182,7 +182,7 @@ fn exported(ranks: usize, p: &RunPlan, run: &RunConfig, dir: &Path) -> (Tensors,
     let save = dir.join("ckpt");
     losses(ranks, "tiny", p, run, Some((&save, 0)), None);
     let out = dir.join("hf");
-    let e = piper_planner::checkpoint::export::export_hf(&save, &out).unwrap();
+    let e = piper_planner::checkpoint::export::export_hf(&save, &out, false).unwrap();
     assert!(e.transformers_config, "tiny is Mixtral-shaped");
     let spec = resolve_model(out.join("config.json").to_str().unwrap()).unwrap();
     let tensors = read_f32(&std::fs::read(out.join("model.safetensors")).unwrap(), "").unwrap();

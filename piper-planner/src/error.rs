@@ -14,8 +14,8 @@ pub enum Error {
     /// A required field is absent.
     #[error("{source_name}: missing field `{field}`{hint}")]
     Missing { source_name: String, field: String, hint: Hint },
-    /// A name (preset, model_type, schedule) is not known.
-    #[error("{what} `{name}` is not known; expected one of: {known}")]
+    /// A name (preset, model_type, schedule) is not known; shown escaped (it may come from a file).
+    #[error("{what} `{}` is not known; expected one of: {known}", name.escape_debug())]
     Unknown { what: String, name: String, known: String },
     /// A file could not be read or parsed.
     #[error("{path}: {why}")]

@@ -217,9 +217,11 @@ impl TrainConfig {
     }
 
     /// [`TrainConfig::validate`], and the tokens of one step under `layout` (micro-batch size × micro-batches
-    /// × EP × DP × sequence length) within [`limits::MAX_STEP_TOKENS`].
+    /// × EP × DP × sequence length) within [`limits::MAX_STEP_TOKENS`], its schedule's stage ×
+    /// micro-batch pairs within [`limits::MAX_PIPELINE_PAIRS`].
     pub fn validate_for(&self, layout: &Layout) -> Result<()> {
         self.validate()?;
+        pipeline_pairs(layout.pp, self.num_micro_batches)?;
         let factors = [
             ("micro-batch size", self.micro_batch_size),
             ("micro-batches", self.num_micro_batches),
@@ -228,6 +230,24 @@ impl TrainConfig {
             ("seq-len", self.seq_len),
         ];
         limits::product("training config", "tokens per step", &factors, limits::MAX_STEP_TOKENS).map(|_| ())
+    }
+}
+
+/// The stage × micro-batch pairs of a schedule of `pp` stages and `m` micro-batches, refused past
+/// [`limits::MAX_PIPELINE_PAIRS`] before anything lists them.
+pub fn pipeline_pairs(pp: u64, m: u64) -> Result<u64> {
+    match pp.checked_mul(m).filter(|p| *p <= limits::MAX_PIPELINE_PAIRS) {
+        Some(p) => Ok(p),
+        None => Err(Error::invalid(
+            "training config",
+            "--num-micro-batches",
+            format!(
+                "is {m} on {pp} stages: {} stage·micro-batch pairs, more than a schedule lists ({}); use fewer, \
+                 larger micro-batches",
+                (pp as u128) * (m as u128),
+                limits::MAX_PIPELINE_PAIRS
+            ),
+        )),
     }
 }
 

@@ -29,6 +29,10 @@ pub const MAX_GPUS: u64 = 1 << 40;
 pub const MAX_SEQ_LEN: u64 = 1 << 24;
 /// Sequences of one micro-batch, and micro-batches of one step.
 pub const MAX_BATCH: u64 = 1 << 24;
+/// Stage × micro-batch pairs of one step's pipeline schedule: the runtime and the time model's
+/// simulator list every micro-batch's ops on every stage, so this bounds what they allocate (tens of MiB
+/// at the limit). 2²⁰ is 64 stages × 16,384 micro-batches, beyond any published run.
+pub const MAX_PIPELINE_PAIRS: u64 = 1 << 20;
 /// Tokens of one optimizer step across the job (2⁵³: still exact in `f64`).
 pub const MAX_STEP_TOKENS: u64 = 1 << 53;
 /// Bytes per parameter of one state (weights, gradients, optimizer).
@@ -37,6 +41,31 @@ pub const MAX_BYTES_PER_PARAM: f64 = 64.0;
 /// A number as a user reads it in an error: `1e300`, not three hundred digits.
 pub fn show(v: f64) -> String {
     if v.is_finite() && v != 0.0 && (v.abs() >= 1e7 || v.abs() < 1e-4) { format!("{v:e}") } else { format!("{v}") }
+}
+
+/// Whether `c` changes how a terminal shows the text after it: a control character (escape sequences,
+/// carriage returns, backspaces) or one of Unicode's bidirectional marks, embeddings, overrides and
+/// isolates (text that reads other than it is).
+pub fn hides_text(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// A name read from a file (a model's, a platform's), which reports and messages print: refused when it
+/// holds a character that [`hides_text`]; the error shows the name escaped.
+pub fn printable(src: &str, field: &str, name: &str) -> Result<()> {
+    match name.chars().find(|c| hides_text(*c)) {
+        None => Ok(()),
+        Some(c) => Err(Error::invalid(
+            src,
+            field,
+            format!(
+                "is \"{}\", which holds U+{:04X}, a character that changes how a terminal shows what follows; use printable text",
+                name.escape_debug(),
+                c as u32
+            ),
+        )),
+    }
 }
 
 /// A count in `lo..=hi`; the error names the field and the range.

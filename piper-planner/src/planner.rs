@@ -348,7 +348,12 @@ fn search_layout(
     let crosses_nodes = GroupShape::new(platform, 0, layout.ep, 1).num_nodes() > 1;
     let algos: Vec<A2aAlgo> =
         if crosses_nodes { req.algos.clone() } else { req.algos.iter().take(1).copied().collect() };
+    let mut too_many: Option<String> = None;
     for &mbs in req.micro_batch_sizes.iter().filter(|m| per_replica.is_multiple_of(**m)) {
+        if let Err(e) = crate::layout::pipeline_pairs(layout.pp, per_replica / mbs) {
+            too_many = Some(format!("micro-batch size {mbs}: {e}"));
+            continue;
+        }
         for &schedule in &req.schedules {
             for &recompute in &req.recomputes {
                 let cfg = TrainConfig {
@@ -378,9 +383,10 @@ fn search_layout(
     if found {
         return Ok(None);
     }
-    Ok(Some(match best_fail {
-        Some((_, r)) => format!("every option runs out of memory; the closest: {r}"),
-        None => format!(
+    Ok(Some(match (best_fail, too_many) {
+        (Some((_, r)), _) => format!("every option runs out of memory; the closest: {r}"),
+        (None, Some(r)) => r,
+        (None, None) => format!(
             "no micro-batch size in {:?} divides the {per_replica} sequences per data-parallel rank",
             req.micro_batch_sizes
         ),

@@ -191,6 +191,8 @@ impl RunPlan {
     /// policy, and finite non-negative predictions. `source` names the plan in errors.
     pub fn validate(&self, source: &str) -> Result<()> {
         let bad = |field: &str, why: String| Err(Error::invalid(source, field, why));
+        crate::limits::printable(source, "model", &self.model)?;
+        crate::limits::printable(source, "platform", &self.platform)?;
         if self.version != RUN_PLAN_VERSION {
             return bad(
                 "version",
@@ -215,6 +217,17 @@ impl RunPlan {
         crate::limits::count(source, "seq_len", self.seq_len, 1, crate::limits::MAX_SEQ_LEN)?;
         crate::limits::count(source, "micro_batch_size", self.micro_batch_size, 1, crate::limits::MAX_BATCH)?;
         crate::limits::count(source, "num_micro_batches", self.num_micro_batches, 1, crate::limits::MAX_BATCH)?;
+        if self.pp.saturating_mul(self.num_micro_batches) > crate::limits::MAX_PIPELINE_PAIRS {
+            return bad(
+                "num_micro_batches",
+                format!(
+                    "is {} on {} stages: more stage·micro-batch pairs than the schedule lists ({}); re-plan with larger micro-batches",
+                    self.num_micro_batches,
+                    self.pp,
+                    crate::limits::MAX_PIPELINE_PAIRS
+                ),
+            );
+        }
         let batch = self
             .micro_batch_size
             .checked_mul(self.num_micro_batches)

@@ -188,3 +188,75 @@ fn unknown_fields_and_preset_shadowing_are_refused() {
     refused(&dir, &["model", "--model", "tiny"], &["names both a preset and a file", "./tiny"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Micro-batch counts whose schedule would list more stage·micro-batch pairs than the bound are refused
+/// before anything is listed (a huge count used to abort on a 640 MiB allocation after ~30 s); just
+/// below the bound the prediction comes back.
+#[test]
+fn schedules_too_long_to_list_are_refused_before_any_allocation() {
+    let dir = scratch("t5");
+    let model = mixtral_config(&dir, "deep.json", r#", "num_hidden_layers": 64"#);
+    let bound = 1u64 << 20;
+    for (pp, m) in [(1, bound + 1), (2, bound / 2 + 1), (64, bound / 64 + 1), (64, 1 << 24)] {
+        let (pp, m) = (pp.to_string(), m.to_string());
+        let args =
+            ["predict", "--model", &model, "--pp", &pp, "--num-micro-batches", &m, "--seq-len", "8", "--dtype", "fp32"];
+        refused(&dir, &args, &["--num-micro-batches", "stage·micro-batch pairs", "fewer, larger micro-batches"]);
+    }
+    let ok = Command::new(env!("CARGO_BIN_EXE_piper"))
+        .args(["predict", "--model", &model, "--pp", "64", "--num-micro-batches", "16384", "--seq-len", "8"])
+        .args(["--dtype", "fp32"])
+        .output()
+        .unwrap();
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Names read from files that would drive the terminal — every C0 and C1 control, DEL and Unicode's
+/// bidirectional controls — are refused, and the error shows them escaped (no raw control byte
+/// reaches stderr); names in other scripts are accepted.
+#[test]
+fn names_that_drive_the_terminal_are_refused_and_shown_escaped() {
+    let dir = scratch("t6");
+    let hiding: Vec<char> = (0u32..0x20)
+        .chain(0x7f..0xa0)
+        .chain([0x61c, 0x200e, 0x200f, 0x202a, 0x202b, 0x202c, 0x202d, 0x202e, 0x2066, 0x2067, 0x2068, 0x2069])
+        .filter_map(char::from_u32)
+        .collect();
+    for (i, c) in hiding.iter().enumerate() {
+        let name = format!("evil{c}[31mname");
+        let json_name = serde_json::to_string(&name).unwrap();
+        let model = mixtral_config(&dir, &format!("m{i}.json"), &format!(r#", "_name_or_path": {json_name}"#));
+        let out = Command::new(env!("CARGO_BIN_EXE_piper")).args(["model", "--model", &model]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "U+{:04X}: {err}", *c as u32);
+        assert!(err.contains("`name`") && err.contains("printable"), "U+{:04X}: {err}", *c as u32);
+        assert!(!err.trim_end_matches('\n').contains(*c), "U+{:04X} reached stderr raw: {err:?}", *c as u32);
+    }
+    let platform = platform_with(&dir, "p.toml", "name", "\"local\\u001b]0;pwned\\u0007\"");
+    refused(&dir, &["memory", "--model", "tiny", "--platform", &platform], &["`name`", "U+001B", "\\u{1b}"]);
+    for name in ["Mixtral 8×7B", "Qwen3-MoE «petit»", "模型", "نموذج", "μοντέλο"] {
+        let json_name = serde_json::to_string(name).unwrap();
+        let model = mixtral_config(&dir, "ok.json", &format!(r#", "_name_or_path": {json_name}"#));
+        let out = Command::new(env!("CARGO_BIN_EXE_piper")).args(["model", "--model", &model]).output().unwrap();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A field of the wrong type, or a value whose derived count would wrap, is reported as itself.
+#[test]
+fn errors_name_the_field_that_is_wrong() {
+    let dir = scratch("t7");
+    for value in ["7", "true", "[\"mixtral\"]", "{\"name\": \"mixtral\"}"] {
+        let model = mixtral_config(&dir, "t.json", &format!(r#", "model_type": {value}"#));
+        refused(&dir, &["model", "--model", &model], &["`model_type` must be a string", "mixtral"]);
+    }
+    for top in [u64::MAX, u64::MAX - 1, 1 << 40, 4] {
+        let loads = dir.join("loads.json");
+        let text = format!(r#"{{"loads": [100, 90, 10, 0], "placement": [0, 0, 1, {top}], "model": "tiny"}}"#);
+        std::fs::write(&loads, text).unwrap();
+        refused(&dir, &["migrate", "--loads", loads.to_str().unwrap()], &["`placement` holds rank", &top.to_string()]);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

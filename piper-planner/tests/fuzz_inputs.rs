@@ -1,12 +1,19 @@
 //! Fuzzing the input parsers (bounded, so it runs in CI): model configs (Hugging Face families and native
-//! specs), platform TOML, loads files and plan files, with random and adversarial values — 0, negative,
-//! NaN-like, huge, fractional, powers of two up to 2⁷⁰, wrong types. Each input is either refused with
-//! an error or accepted, and whatever is accepted is priced: no panic, no hang, and every count and
+//! specs), platform TOML, loads files, plan files, checkpoint manifests and safetensors headers, with
+//! random and adversarial values — 0, negative, NaN-like, huge, fractional, powers of two up to 2⁷⁰,
+//! wrong types, truncated files. Each input is either refused with an error or accepted, and whatever is
+//! accepted is priced (or read): no panic, no hang, no allocation past the file, and every count and
 //! prediction finite and non-negative (step time positive).
 //!
 //! Cases per property: `PROPTEST_CASES` (default 256 here); set it higher for a longer local run.
 
+use std::path::PathBuf;
+
+use piper_planner::checkpoint::export::export_hf;
+use piper_planner::checkpoint::shard::{Source, write_shard};
+use piper_planner::checkpoint::{FORMAT, FORMAT_VERSION, Manifest, OptimizerState};
 use piper_planner::comm::A2aAlgo;
+use piper_planner::hf::read_hf_tensors;
 use piper_planner::layout::{Layout, StageSplit, TrainConfig};
 use piper_planner::memory::Footprint;
 use piper_planner::migration::rebalance;
@@ -195,4 +202,125 @@ proptest! {
             finite_non_negative("predicted peak", run.predicted.peak_memory_bytes())?;
         }
     }
+
+    #[test]
+    fn safetensors_headers_are_refused_or_read(
+        picks in prop::collection::vec((any::<prop::sample::Index>(), nasty()), 0..4),
+        dtype in prop_oneof![Just("F32"), Just("BF16"), Just("F16"), Just("I64"), Just(""), Just("F32\u{1b}[2J")],
+        header_len in prop_oneof![Just(None), Just(Some(0u64)), Just(Some(u64::MAX)), (0u64..400).prop_map(Some)],
+        data_len in 0usize..64,
+    ) {
+        let base = json!({
+            "a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+            "b": {"dtype": "BF16", "shape": [4], "data_offsets": [24, 32]},
+            "__metadata__": {"format": "pt"},
+        });
+        let mut doc = mutated(&base, &picks);
+        doc["b"]["dtype"] = dtype.into();
+        let text = doc.to_string();
+        let mut bytes = header_len.unwrap_or(text.len() as u64).to_le_bytes().to_vec();
+        bytes.extend(text.as_bytes());
+        bytes.extend((0..data_len).map(|i| (i * 7) as u8 & 0x3f));
+        let dir = scratch("safetensors");
+        std::fs::write(dir.join("model.safetensors"), &bytes).unwrap();
+        if let Ok((tensors, _missing)) = read_hf_tensors(&dir, &["a".into(), "b".into()]) {
+            for (name, (shape, values)) in &tensors {
+                prop_assert_eq!(values.len(), shape.iter().product::<usize>(), "{}", name);
+                prop_assert!(values.iter().all(|v| v.is_finite()), "{}", name);
+                prop_assert!(values.len() * 2 <= data_len, "{} read past the data", name);
+            }
+        }
+    }
+
+    #[test]
+    fn checkpoint_manifests_are_refused_or_exported(
+        picks in prop::collection::vec((any::<prop::sample::Index>(), nasty()), 1..4),
+    ) {
+        let (folder, good) = tiny_checkpoint();
+        let doc = mutated(&good, &picks);
+        let case = scratch("manifest-case");
+        let ckpt = case.join("step-1");
+        std::fs::create_dir_all(&ckpt).unwrap();
+        std::fs::copy(folder.join("rank-0.safetensors"), ckpt.join("rank-0.safetensors")).unwrap();
+        std::fs::write(ckpt.join("manifest.json"), doc.to_string()).unwrap();
+        if let Ok(e) = export_hf(&ckpt, &case.join("hf"), false) {
+            // Accepted: the export is a model the planner reads, with every tensor the shards hold.
+            let spec = piper_planner::model::resolve_model(case.join("hf/config.json").to_str().unwrap());
+            prop_assert!(spec.is_ok(), "{:?}", spec.err());
+            let (tensors, missing) = read_hf_tensors(&case.join("hf"), &tiny_names()).unwrap();
+            prop_assert!(missing.is_empty() && tensors.len() == e.tensors, "{:?}", missing);
+        }
+        std::fs::remove_dir_all(&case).unwrap();
+    }
+}
+
+/// A folder of this test process for `name`, emptied.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("piper-fuzz-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The weights of the `tiny` preset that an export checks for (Mixtral names), with their shapes.
+fn tiny_tensors() -> Vec<(String, Vec<usize>)> {
+    let spec = piper_planner::model::preset("tiny").unwrap();
+    let (d, f) = (spec.hidden_size as usize, spec.moe.as_ref().unwrap().expert.intermediate_size as usize);
+    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![spec.vocab_size as usize, d])];
+    out.push(("model.norm.weight".into(), vec![d]));
+    for i in 0..spec.num_layers {
+        out.push((format!("model.layers.{i}.input_layernorm.weight"), vec![d]));
+        for x in 0..spec.num_experts() {
+            for (w, shape) in [("w1", vec![f, d]), ("w2", vec![d, f]), ("w3", vec![f, d])] {
+                out.push((format!("model.layers.{i}.block_sparse_moe.experts.{x}.{w}.weight"), shape));
+            }
+        }
+    }
+    out
+}
+
+fn tiny_names() -> Vec<String> {
+    tiny_tensors().into_iter().map(|t| t.0).collect()
+}
+
+/// A checkpoint of `tiny` (one shard of small values) in a folder of this process, made once, and its
+/// manifest as JSON.
+fn tiny_checkpoint() -> (PathBuf, Value) {
+    static MADE: std::sync::OnceLock<(PathBuf, Value)> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| {
+        let dir = scratch("manifest");
+        let spec = piper_planner::model::preset("tiny").unwrap();
+        let tensors = tiny_tensors();
+        let values: Vec<Vec<f32>> =
+            tensors.iter().map(|(_, s)| (0..s.iter().product()).map(|i| (i % 13) as f32 * 0.01).collect()).collect();
+        let sources: Vec<Source> =
+            tensors.iter().zip(&values).map(|((n, s), v)| Source::values(n.clone(), s.clone(), v)).collect();
+        let shard = write_shard(&dir, "rank-0.safetensors", 0, &sources).unwrap();
+        let p = platform::preset("local").unwrap();
+        let mut req = PlanRequest::new(1, 8, 32);
+        req.base.dtype = "fp32".into();
+        let best = plan(&spec, &p, &req).unwrap().plans.remove(0);
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            version: FORMAT_VERSION,
+            step: 1,
+            model_config: String::new(),
+            seed: 0,
+            layout: Layout { pp: 1, ep: 1, dp: 1 },
+            split: vec![spec.num_layers],
+            plan: RunPlan::from_candidate(&spec, "local", 32, "fp32", &best),
+            optimizer: OptimizerState { steps: 1, beta_1: 0.9, beta_2: 0.95, epsilon: 1e-8, weight_decay: 0.1 },
+            data: Value::Null,
+            placements: vec![],
+            migration_window: None,
+            files: vec![shard],
+            model: spec,
+        };
+        // The unmutated manifest exports.
+        let good = serde_json::to_value(&manifest).unwrap();
+        std::fs::write(dir.join("manifest.json"), good.to_string()).unwrap();
+        assert!(export_hf(&dir, &dir.join("hf-check"), false).is_ok(), "the base checkpoint exports");
+        (dir, good)
+    })
+    .clone()
 }

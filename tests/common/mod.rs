@@ -117,3 +117,20 @@ pub fn scratch(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
 }
+
+/// Output targets that are not regular files, made in `dir`: a FIFO with a reader already waiting on it
+/// (join it for everything written), and a character device (the null device made with `mknod` as root,
+/// else `/dev/null`).
+#[cfg(unix)]
+pub fn special_outputs(dir: &Path) -> (PathBuf, std::thread::JoinHandle<String>, PathBuf) {
+    let fifo = dir.join("output.fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs").success());
+    let node = dir.join("null");
+    let made = Command::new("mknod").arg(&node).args(["c", "1", "3"]).status().is_ok_and(|s| s.success());
+    let device = if made { node } else { PathBuf::from("/dev/null") };
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read_to_string(fifo).expect("the FIFO reads"))
+    };
+    (fifo, reader, device)
+}

@@ -6,7 +6,7 @@
 //! or q/k norms, every layer MoE with softmax top-k routing, no shared experts, RMSNorm); any other
 //! model gets its native spec (`"model_type": "piper"`), which `piper` and Piper's loader read.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use super::shard::{Source, read_tensors, verify_file, write_shard};
@@ -54,22 +54,109 @@ fn check_complete(spec: &ModelSpec, names: &BTreeSet<String>, show: &str) -> Res
     Ok(())
 }
 
+/// Checks that the shards hold nothing the manifest's model lacks — no layer past its layers, no expert
+/// past its routed experts — and that the embedding is `[vocab, d]` and every norm `[d]`: a manifest and
+/// shards of different models would otherwise export one model's config with the other's weights.
+fn check_shapes_match(spec: &ModelSpec, shapes: &BTreeMap<String, Vec<u64>>, show: &str) -> Result<()> {
+    let disagree = |name: &str, why: String| {
+        Error::file(
+            show,
+            format!(
+                "the shards hold `{}` but {why}: the manifest and the shards are of different models",
+                name.escape_debug()
+            ),
+        )
+    };
+    let index_after = |name: &str, key: &str| -> Option<u64> {
+        let rest = &name[name.find(key)? + key.len()..];
+        rest.split('.').next()?.parse().ok()
+    };
+    let d = spec.hidden_size;
+    for (name, shape) in shapes {
+        if name.starts_with("model.layers.")
+            && let Some(i) = index_after(name, "model.layers.")
+            && i >= spec.num_layers
+        {
+            return Err(disagree(name, format!("the model has {} layers", spec.num_layers)));
+        }
+        if let Some(x) = index_after(name, ".experts.")
+            && x >= spec.num_experts()
+        {
+            return Err(disagree(name, format!("the model has {} routed experts", spec.num_experts())));
+        }
+        let want = if name == "model.embed_tokens.weight" {
+            Some(vec![spec.vocab_size, d])
+        } else if name == "model.norm.weight" || name.ends_with("_layernorm.weight") {
+            Some(vec![d])
+        } else {
+            None
+        };
+        if let Some(want) = want.filter(|w| w != shape) {
+            return Err(disagree(name, format!("of shape {shape:?}, and the model's is {want:?}")));
+        }
+    }
+    Ok(())
+}
+
+/// Names in a model folder that Hugging Face loaders read before or beside `model.safetensors` (sharded
+/// or PyTorch weights and their indexes): left there, another model's files would be loaded instead.
+fn shadows_export(name: &str) -> bool {
+    matches!(name, "model.safetensors.index.json" | "pytorch_model.bin" | "pytorch_model.bin.index.json")
+        || (name.starts_with("model-") && name.ends_with(".safetensors"))
+        || (name.starts_with("pytorch_model-") && name.ends_with(".bin"))
+}
+
+/// Refuses an output folder that holds anything unless `overwrite`; with it, the names that would
+/// shadow the export (see [`shadows_export`]), to be removed once the export is written.
+fn check_output(out: &Path, overwrite: bool) -> Result<Vec<std::path::PathBuf>> {
+    let show = out.display().to_string();
+    let entries: Vec<String> = match std::fs::read_dir(out) {
+        Ok(dir) => dir.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::file(&show, format!("cannot read the output folder: {e}"))),
+    };
+    if entries.is_empty() {
+        return Ok(Vec::new());
+    }
+    if !overwrite {
+        let mut shown: Vec<String> = entries.iter().take(3).map(|n| format!("`{}`", n.escape_debug())).collect();
+        if entries.len() > 3 {
+            shown.push("…".into());
+        }
+        return Err(Error::invalid(
+            "piper checkpoint export",
+            "--hf",
+            format!(
+                "{show} is not empty ({}); export into a new folder, or pass --overwrite to replace the model in it",
+                shown.join(", ")
+            ),
+        ));
+    }
+    Ok(entries.iter().filter(|n| shadows_export(n)).map(|n| out.join(n)).collect())
+}
+
 /// Exports the checkpoint `--resume`-style `path` means (a checkpoint folder, or the latest under a
-/// checkpoint dir) into the folder `out` (created; existing files of the same names are replaced
-/// atomically, nothing else is touched).
-pub fn export_hf(path: &Path, out: &Path) -> Result<Exported> {
+/// checkpoint dir) into the folder `out`: created, or empty, or with `overwrite` one whose
+/// `model.safetensors` and `config.json` are replaced atomically and whose other weight files (sharded
+/// or PyTorch, which loaders would read instead) are removed once the export is written; nothing else in
+/// it is touched.
+pub fn export_hf(path: &Path, out: &Path, overwrite: bool) -> Result<Exported> {
+    let shadowing = check_output(out, overwrite)?;
     let folder = resolve(path)?;
     let manifest = Manifest::load(&folder)?;
     for f in &manifest.files {
         verify_file(&folder, f)?;
     }
-    let names: BTreeSet<String> = manifest
+    let shapes: BTreeMap<String, Vec<u64>> = manifest
         .files
         .iter()
-        .flat_map(|f| f.tensors.iter().map(|t| t.name.clone()))
-        .filter(|n| !n.ends_with(EXP_AVG) && !n.ends_with(EXP_AVG_SQ))
+        .flat_map(|f| f.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())))
+        .filter(|(n, _)| !n.ends_with(EXP_AVG) && !n.ends_with(EXP_AVG_SQ))
         .collect();
-    check_complete(&manifest.model, &names, &folder.join("manifest.json").display().to_string())?;
+    let names: BTreeSet<String> = shapes.keys().cloned().collect();
+    let show_manifest = folder.join("manifest.json").display().to_string();
+    check_shapes_match(&manifest.model, &shapes, &show_manifest)?;
+    check_complete(&manifest.model, &names, &show_manifest)?;
     let list: Vec<String> = names.into_iter().collect();
     let (tensors, missing) = read_tensors(&folder, &manifest, &list)?;
     if let Some(m) = missing.first() {
@@ -95,5 +182,126 @@ pub fn export_hf(path: &Path, out: &Path) -> Result<Exported> {
     let text = serde_json::to_string_pretty(&config).expect("json");
     crate::atomic::write_atomic(&out.join("config.json"), text.as_bytes())
         .map_err(|e| Error::file(&show, format!("cannot write config.json: {e}")))?;
+    for stale in shadowing {
+        std::fs::remove_file(&stale).map_err(|e| {
+            Error::file(stale.display().to_string(), format!("cannot remove (it would shadow the export): {e}"))
+        })?;
+    }
     Ok(Exported { step: manifest.step, tensors: named.len(), bytes: written.bytes, transformers_config })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::shard::{Named, write_shard};
+    use crate::checkpoint::test_manifest;
+    use crate::model::preset;
+
+    /// Every weight the export checks for, of `spec` (Mixtral names), zeros: `[vocab, d]`, norms `[d]`,
+    /// three matrices per expert.
+    fn weights(spec: &ModelSpec) -> Vec<Named> {
+        let (d, f) = (spec.hidden_size as usize, spec.moe.as_ref().unwrap().expert.intermediate_size as usize);
+        let mut out: Vec<Named> = vec![
+            ("model.embed_tokens.weight".into(), vec![spec.vocab_size as usize, d], vec![]),
+            ("model.norm.weight".into(), vec![d], vec![]),
+        ];
+        for i in 0..spec.num_layers {
+            out.push((format!("model.layers.{i}.input_layernorm.weight"), vec![d], vec![]));
+            for x in 0..spec.num_experts() {
+                for (w, shape) in [("w1", vec![f, d]), ("w2", vec![d, f]), ("w3", vec![f, d])] {
+                    out.push((format!("model.layers.{i}.block_sparse_moe.experts.{x}.{w}.weight"), shape, vec![]));
+                }
+            }
+        }
+        for t in &mut out {
+            t.2 = vec![0.0; t.1.iter().product()];
+        }
+        out
+    }
+
+    /// A checkpoint folder in `dir` whose manifest describes `model` and whose one shard holds `tensors`.
+    fn checkpoint(dir: &Path, model: ModelSpec, tensors: &[Named]) -> std::path::PathBuf {
+        let folder = dir.join("step-1");
+        std::fs::create_dir_all(&folder).unwrap();
+        let sources: Vec<Source> = tensors.iter().map(|(n, s, v)| Source::values(n.clone(), s.clone(), v)).collect();
+        let shard = write_shard(&folder, "rank-0.safetensors", 0, &sources).unwrap();
+        let manifest = test_manifest(model, vec![shard]);
+        std::fs::write(folder.join("manifest.json"), serde_json::to_string(&manifest).unwrap()).unwrap();
+        folder
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("piper-export-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A new folder is written; a folder with files is refused (naming them) unless --overwrite, which
+    /// replaces the model and removes the weight files loaders would read instead, and keeps the rest.
+    #[test]
+    fn an_occupied_output_folder_is_refused_or_cleared_of_shadowing_weights() {
+        let dir = scratch("out");
+        let spec = preset("tiny").unwrap();
+        let ckpt = checkpoint(&dir, spec.clone(), &weights(&spec));
+        let out = dir.join("hf");
+        let e = export_hf(&ckpt, &out, false).unwrap();
+        assert_eq!(e.tensors, weights(&spec).len());
+        let err = export_hf(&ckpt, &out, false).unwrap_err().to_string();
+        assert!(err.contains("--hf") && err.contains("not empty") && err.contains("--overwrite"), "{err}");
+        let stale = ["model.safetensors.index.json", "model-00001-of-00002.safetensors", "pytorch_model.bin"];
+        for name in stale.iter().chain(&["tokenizer.json"]) {
+            std::fs::write(out.join(name), "another model").unwrap();
+        }
+        let err = export_hf(&ckpt, &out, false).unwrap_err().to_string();
+        assert!(err.contains("not empty"), "{err}");
+        assert!(stale.iter().all(|n| out.join(n).exists()), "a refusal touches nothing");
+        export_hf(&ckpt, &out, true).unwrap();
+        for name in stale {
+            assert!(!out.join(name).exists(), "{name} would shadow the export");
+        }
+        assert_eq!(std::fs::read_to_string(out.join("tokenizer.json")).unwrap(), "another model");
+        assert!(out.join("model.safetensors").is_file() && out.join("config.json").is_file());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Shards of another model than the manifest's — a layer or an expert more, a norm or an embedding of
+    /// another width — are refused, naming the tensor; nothing is written.
+    #[test]
+    fn shards_that_disagree_with_the_manifest_are_refused() {
+        let spec = preset("tiny").unwrap();
+        let d = spec.hidden_size as usize;
+        let layers = spec.num_layers;
+        let experts = spec.num_experts();
+        let extra = |name: String, shape: Vec<usize>| {
+            let mut w = weights(&spec);
+            let n = shape.iter().product();
+            w.push((name, shape, vec![0.0; n]));
+            w
+        };
+        let reshaped = |name: &str, shape: Vec<usize>| {
+            let mut w = weights(&spec);
+            let t = w.iter_mut().find(|t| t.0 == name).unwrap();
+            t.2 = vec![0.0; shape.iter().product()];
+            t.1 = shape;
+            w
+        };
+        let cases = [
+            (extra(format!("model.layers.{layers}.input_layernorm.weight"), vec![d]), format!("{layers} layers")),
+            (
+                extra(format!("model.layers.0.block_sparse_moe.experts.{experts}.w1.weight"), vec![4, d]),
+                format!("{experts} routed experts"),
+            ),
+            (reshaped("model.layers.1.input_layernorm.weight", vec![d + 1]), format!("[{d}]")),
+            (reshaped("model.embed_tokens.weight", vec![7, d]), format!("[{}, {d}]", spec.vocab_size)),
+        ];
+        for (i, (tensors, want)) in cases.into_iter().enumerate() {
+            let dir = scratch(&format!("mismatch-{i}"));
+            let ckpt = checkpoint(&dir, spec.clone(), &tensors);
+            let err = export_hf(&ckpt, &dir.join("hf"), false).unwrap_err().to_string();
+            assert!(err.contains("different models") && err.contains(&want), "case {i}: {err}");
+            assert!(!dir.join("hf").exists(), "case {i}: wrote before refusing");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
 }

@@ -79,7 +79,10 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
     })?;
     let name = text.trim();
     if name.is_empty() || name.contains('/') || name.contains("..") {
-        return Err(Error::file(latest.display().to_string(), format!("names `{name}`, not a checkpoint folder")));
+        return Err(Error::file(
+            latest.display().to_string(),
+            format!("names `{}`, not a checkpoint folder", name.escape_debug()),
+        ));
     }
     let folder = path.join(name);
     if !folder.join("manifest.json").is_file() {

@@ -138,14 +138,20 @@ impl Manifest {
         }
         let manifest: Manifest =
             serde_json::from_value(head).map_err(|e| Error::file(&show, format!("malformed manifest ({e})")))?;
+        // The model and the plan it records are checked as if read from their own files.
+        manifest.model.validate().map_err(|e| Error::file(&show, format!("its `model`: {e}")))?;
+        manifest.plan.validate(&format!("{show}: its `plan`"))?;
         manifest.check_files(folder)?;
         Ok(manifest)
     }
 
     fn check_files(&self, folder: &Path) -> Result<()> {
         for f in &self.files {
-            if f.name.contains('/') || f.name.contains("..") {
-                return Err(Error::file(folder.join("manifest.json").display().to_string(), "bad shard file name"));
+            if f.name.contains('/') || f.name.contains("..") || f.name.chars().any(crate::limits::hides_text) {
+                return Err(Error::file(
+                    folder.join("manifest.json").display().to_string(),
+                    format!("shard file name `{}` is not a plain file name in the folder", f.name.escape_debug()),
+                ));
             }
             let path = folder.join(&f.name);
             let meta = std::fs::metadata(&path)
@@ -206,4 +212,29 @@ pub fn complete_folders(dir: &Path) -> Vec<(u64, PathBuf)> {
         .collect();
     out.sort();
     out
+}
+
+/// A manifest of `model` (trained one step on one rank) listing `files`, for tests.
+#[cfg(test)]
+pub(crate) fn test_manifest(model: ModelSpec, files: Vec<ShardFile>) -> Manifest {
+    let platform = crate::platform::preset("local").unwrap();
+    let mut req = crate::planner::PlanRequest::new(1, 8, 32);
+    req.base.dtype = "fp32".into();
+    let best = crate::planner::plan(&model, &platform, &req).unwrap().plans.remove(0);
+    Manifest {
+        format: FORMAT.into(),
+        version: FORMAT_VERSION,
+        step: 1,
+        model_config: String::new(),
+        seed: 0,
+        layout: Layout { pp: 1, ep: 1, dp: 1 },
+        split: vec![model.num_layers],
+        plan: RunPlan::from_candidate(&model, "local", 32, "fp32", &best),
+        optimizer: OptimizerState { steps: 1, beta_1: 0.9, beta_2: 0.95, epsilon: 1e-8, weight_decay: 0.1 },
+        data: serde_json::Value::Null,
+        placements: vec![],
+        migration_window: None,
+        files,
+        model,
+    }
 }

@@ -33,12 +33,21 @@ impl<'a> Source<'a> {
 }
 /// Tensors by name: shape and values.
 pub type TensorMap = HashMap<String, (Vec<usize>, Vec<f32>)>;
-/// One tensor in a safetensors header: dtype (`F32`, `BF16`, ...), shape, byte range in the data section.
+/// One tensor in a safetensors header: dtype (`F32`, `BF16`, ...), shape, byte range in the data section
+/// (inside the file), and its element count (the shape's product, which fits `u64`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Located {
     pub dtype: String,
     pub shape: Vec<usize>,
     pub range: [u64; 2],
+    pub elements: u64,
+}
+
+impl Located {
+    /// Whether its byte range holds exactly its elements at `element_bytes` each.
+    pub fn holds(&self, element_bytes: u64) -> bool {
+        self.elements.checked_mul(element_bytes) == Some(self.range[1] - self.range[0])
+    }
 }
 
 /// A safetensors header: tensor name → where it is.
@@ -106,15 +115,18 @@ fn hex(digest: &[u8]) -> String {
 }
 
 /// The safetensors header of an open file, and where its data section starts; `show` names the file in
-/// errors.
+/// errors. Every entry's shape product must fit `u64` and its byte range lie inside the file, so no
+/// reader allocates more than the file holds.
 pub fn header(file: &mut std::fs::File, show: &str) -> Result<(Index, u64)> {
     let bad = |why: String| Error::file(show, why);
+    let file_len = file.metadata().map_err(|e| bad(format!("cannot read its size: {e}")))?.len();
     let mut len = [0u8; 8];
     file.read_exact(&mut len).map_err(|e| bad(format!("cannot read the safetensors header: {e}")))?;
     let n = u64::from_le_bytes(len);
-    if n > 100 << 20 {
-        return Err(bad(format!("safetensors header of {n} bytes: corrupted")));
+    if n > (100 << 20).min(file_len.saturating_sub(8)) {
+        return Err(bad(format!("safetensors header of {n} bytes in a file of {file_len}: corrupted")));
     }
+    let data_len = file_len.saturating_sub(8 + n);
     let mut text = vec![0u8; n as usize];
     file.read_exact(&mut text).map_err(|e| bad(format!("cannot read the safetensors header: {e}")))?;
     let doc: serde_json::Map<String, serde_json::Value> =
@@ -134,9 +146,15 @@ pub fn header(file: &mut std::fs::File, show: &str) -> Result<(Index, u64)> {
                 .collect::<Option<Vec<_>>>()?;
             let off = v.get("data_offsets")?.as_array()?;
             let range = [off.first()?.as_u64()?, off.get(1)?.as_u64()?];
-            (range[0] <= range[1]).then_some(Located { dtype, shape, range })
+            let elements = shape.iter().try_fold(1u64, |acc, d| acc.checked_mul(*d as u64))?;
+            (range[0] <= range[1] && range[1] <= data_len).then_some(Located { dtype, shape, range, elements })
         };
-        let entry = parse().ok_or_else(|| bad(format!("corrupted safetensors header entry `{name}`")))?;
+        let entry = parse().ok_or_else(|| {
+            bad(format!(
+                "corrupted safetensors header entry `{}` (no dtype, shape and data offsets inside the file's {data_len} data bytes)",
+                name.escape_debug()
+            ))
+        })?;
         out.insert(name, entry);
     }
     Ok((out, 8 + n))
@@ -161,24 +179,30 @@ pub fn read_tensors(folder: &Path, manifest: &Manifest, names: &[String]) -> Res
         let mut f = std::fs::File::open(&path).map_err(|e| Error::file(&show, format!("missing shard ({e})")))?;
         let (index, data_start) = header(&mut f, &show)?;
         for (name, entry) in wanted {
-            let Located { dtype, shape, range: [a, b] } = index.get(name).ok_or_else(|| {
-                Error::file(&show, format!("holds no tensor `{name}` although the manifest lists it"))
+            let located = index.get(name).ok_or_else(|| {
+                Error::file(&show, format!("holds no tensor `{}` although the manifest lists it", name.escape_debug()))
             })?;
+            let Located { dtype, shape, range: [a, b], .. } = located;
             let want_shape: Vec<usize> = entry.shape.iter().map(|d| *d as usize).collect();
-            if dtype != "F32" || *shape != want_shape || (b - a) != 4 * shape.iter().product::<usize>() as u64 {
+            if dtype != "F32" || *shape != want_shape || !located.holds(4) {
                 return Err(Error::file(
                     &show,
-                    format!("tensor `{name}` has shape {shape:?}, the manifest says {want_shape:?}"),
+                    format!(
+                        "tensor `{}` is {} of shape {shape:?} in {} bytes; the manifest says F32 of {want_shape:?}",
+                        name.escape_debug(),
+                        dtype.escape_debug(),
+                        b - a
+                    ),
                 ));
             }
             let mut bytes = vec![0u8; (b - a) as usize];
-            f.seek(SeekFrom::Start(data_start + a))
-                .and_then(|_| f.read_exact(&mut bytes))
-                .map_err(|e| Error::file(&show, format!("cannot read tensor `{name}` ({e}): truncated?")))?;
+            f.seek(SeekFrom::Start(data_start + a)).and_then(|_| f.read_exact(&mut bytes)).map_err(|e| {
+                Error::file(&show, format!("cannot read tensor `{}` ({e}): truncated?", name.escape_debug()))
+            })?;
             if sha256_hex(&bytes) != entry.sha256 {
                 return Err(Error::file(
                     &show,
-                    format!("tensor `{name}` fails its SHA-256 check: the file is corrupted"),
+                    format!("tensor `{}` fails its SHA-256 check: the file is corrupted", name.escape_debug()),
                 ));
             }
             let values = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
@@ -226,36 +250,7 @@ mod tests {
             assert_eq!(&got, values);
         }
         let manifest_files = vec![f];
-        let m = |files| crate::checkpoint::Manifest {
-            format: crate::checkpoint::FORMAT.into(),
-            version: crate::checkpoint::FORMAT_VERSION,
-            step: 1,
-            model: crate::model::preset("tiny").unwrap(),
-            model_config: String::new(),
-            seed: 0,
-            layout: crate::layout::Layout { pp: 1, ep: 1, dp: 1 },
-            split: vec![2],
-            plan: {
-                let spec = crate::model::preset("tiny").unwrap();
-                let platform = crate::platform::preset("local").unwrap();
-                let mut req = crate::planner::PlanRequest::new(1, 8, 32);
-                req.base.dtype = "fp32".into();
-                let best = crate::planner::plan(&spec, &platform, &req).unwrap().plans.remove(0);
-                crate::run_plan::RunPlan::from_candidate(&spec, "local", 32, "fp32", &best)
-            },
-            optimizer: crate::checkpoint::OptimizerState {
-                steps: 1,
-                beta_1: 0.9,
-                beta_2: 0.95,
-                epsilon: 1e-8,
-                weight_decay: 0.1,
-            },
-            data: serde_json::Value::Null,
-            placements: vec![],
-            migration_window: None,
-            files,
-        };
-        let manifest = m(manifest_files);
+        let manifest = crate::checkpoint::test_manifest(crate::model::preset("tiny").unwrap(), manifest_files);
         let want = vec!["b".to_string(), "nope".to_string()];
         let (got, missing) = read_tensors(&dir, &manifest, &want).unwrap();
         assert_eq!(got["b"].1, tensors[1].2);

@@ -158,9 +158,23 @@ pub fn from_hf_config_str(text: &str, source: &str) -> Result<ModelSpec> {
 /// Reads a parsed `config.json`.
 pub fn from_hf_config(value: &Value, source: &str) -> Result<ModelSpec> {
     let obj = value.as_object().ok_or_else(|| Error::file(source, "a config.json must hold a JSON object"))?;
-    let model_type = obj.get("model_type").and_then(Value::as_str).ok_or_else(|| {
-        Error::missing(source, "model_type", Some(format!("one of {}", SUPPORTED_MODEL_TYPES.join(", "))))
-    })?;
+    let model_type = match obj.get("model_type") {
+        Some(Value::String(s)) => s.as_str(),
+        None | Some(Value::Null) => {
+            return Err(Error::missing(
+                source,
+                "model_type",
+                Some(format!("one of {}", SUPPORTED_MODEL_TYPES.join(", "))),
+            ));
+        }
+        Some(other) => {
+            return Err(Error::invalid(
+                source,
+                "model_type",
+                format!("must be a string, one of {}; found {other}", SUPPORTED_MODEL_TYPES.join(", ")),
+            ));
+        }
+    };
     let top = Fields { obj, source, model_type };
     let name =
         obj.get("_name_or_path").or_else(|| obj.get("_name")).and_then(Value::as_str).unwrap_or(source).to_string();

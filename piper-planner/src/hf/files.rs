@@ -33,8 +33,9 @@ pub fn weight_map(dir: &Path) -> Result<Option<HashMap<String, PathBuf>>> {
     let mut out = HashMap::new();
     for (name, file) in map {
         let file = file.as_str().filter(|f| !f.contains('/') && !f.contains(".."));
-        let file =
-            file.ok_or_else(|| Error::invalid(&show, format!("weight_map.{name}"), "must name a file in the folder"))?;
+        let file = file.ok_or_else(|| {
+            Error::invalid(&show, format!("weight_map.{}", name.escape_debug()), "must name a file in the folder")
+        })?;
         out.insert(name.clone(), dir.join(file));
     }
     Ok(Some(out))
@@ -93,20 +94,33 @@ pub fn read_hf_tensors(dir: &Path, names: &[String]) -> Result<(TensorMap, Vec<S
         let mut f = std::fs::File::open(&path).map_err(|e| Error::file(&show, format!("cannot open: {e}")))?;
         let (index, start) = header(&mut f, &show)?;
         for name in wanted {
-            let Some(Located { dtype, shape, range: [a, b] }) = index.get(name) else {
+            let Some(located) = index.get(name) else {
                 missing.push(name.clone());
                 continue;
             };
-            let n = shape.iter().product::<usize>() as u64;
-            if b - a != n * element_bytes(dtype) {
-                return Err(Error::file(&show, format!("tensor `{name}` ({dtype}, {shape:?}) has {} bytes", b - a)));
+            let Located { dtype, shape, range: [a, b], .. } = located;
+            if !located.holds(element_bytes(dtype)) {
+                let why = format!(
+                    "tensor `{}` ({}, {shape:?}) has {} bytes",
+                    name.escape_debug(),
+                    dtype.escape_debug(),
+                    b - a
+                );
+                return Err(Error::file(&show, why));
             }
             let mut bytes = vec![0u8; (b - a) as usize];
-            f.seek(SeekFrom::Start(start + a))
-                .and_then(|_| f.read_exact(&mut bytes))
-                .map_err(|e| Error::file(&show, format!("cannot read tensor `{name}` ({e}): truncated?")))?;
+            f.seek(SeekFrom::Start(start + a)).and_then(|_| f.read_exact(&mut bytes)).map_err(|e| {
+                Error::file(&show, format!("cannot read tensor `{}` ({e}): truncated?", name.escape_debug()))
+            })?;
             let values = decode(dtype, &bytes).ok_or_else(|| {
-                Error::file(&show, format!("tensor `{name}` is {dtype}; Piper reads F32, BF16 and F16 weights"))
+                Error::file(
+                    &show,
+                    format!(
+                        "tensor `{}` is {}; Piper reads F32, BF16 and F16 weights",
+                        name.escape_debug(),
+                        dtype.escape_debug()
+                    ),
+                )
             })?;
             // Once, on load: a NaN or inf weight would only show later as a NaN loss or gradient.
             if let Some(i) = values.iter().position(|v| !v.is_finite()) {

@@ -10,7 +10,8 @@ use crate::limits;
 impl ModelSpec {
     /// Checks the spec for internal consistency and size; the error names the field and the fix.
     pub fn validate(&self) -> Result<()> {
-        let src = format!("model `{}`", self.name);
+        let src = format!("model `{}`", self.name.escape_debug());
+        limits::printable(&src, "name", &self.name)?;
         self.check_sizes(&src)?;
         check_attention(&src, &self.attention)?;
         if let Some(mlp) = &self.dense_mlp {
@@ -133,7 +134,7 @@ fn check_moe(src: &str, moe: &Moe) -> Result<()> {
         return Err(Error::invalid(src, "moe_intermediate_size", "expert width must be > 0"));
     }
     if let (Some(groups), Some(topk_group)) = (moe.n_group, moe.topk_group)
-        && (groups == 0 || moe.num_experts % groups != 0 || topk_group == 0 || topk_group > groups)
+        && (groups == 0 || !moe.num_experts.is_multiple_of(groups) || topk_group == 0 || topk_group > groups)
     {
         return Err(Error::invalid(
             src,

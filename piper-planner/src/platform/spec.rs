@@ -226,7 +226,9 @@ impl Platform {
     /// Checks every field (finite, sign, a range some real machine could have); errors name the field
     /// and the fix.
     pub fn validate(&self) -> Result<()> {
-        let src = format!("platform `{}`", self.name);
+        let src = format!("platform `{}`", self.name.escape_debug());
+        limits::printable(&src, "name", &self.name)?;
+        limits::printable(&src, "description", &self.description)?;
         let bad = |field: &str, why: &str| Err(Error::invalid(src.clone(), field, why));
         const MAX_GBS: f64 = 1e6; // 1 PB/s
         let t = &self.topology;

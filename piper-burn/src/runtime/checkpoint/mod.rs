@@ -59,7 +59,7 @@ impl CheckpointSettings {
 
     /// Whether the step `step` (0-based) of a run of `steps` ends with a save.
     pub fn saves_after(&self, step: usize, steps: usize) -> bool {
-        self.dir.is_some() && ((self.save_every > 0 && (step + 1) % self.save_every == 0) || step + 1 == steps)
+        self.dir.is_some() && ((self.save_every > 0 && (step + 1).is_multiple_of(self.save_every)) || step + 1 == steps)
     }
 }
 

@@ -18,16 +18,21 @@ enum Command {
     Export {
         /// The checkpoint folder, or the --checkpoint-dir whose `latest` names it.
         checkpoint: PathBuf,
-        /// The folder to write.
+        /// The folder to write: new or empty, unless --overwrite.
         #[arg(long, value_name = "OUT")]
         hf: PathBuf,
+        /// Write into a folder that holds files: replace its model.safetensors and config.json and remove
+        /// its other weight files (sharded or PyTorch weights and their indexes, which loaders would read
+        /// instead); other files stay.
+        #[arg(long)]
+        overwrite: bool,
     },
 }
 
 pub fn run(a: Args) -> Result<String> {
     match a.command {
-        Command::Export { checkpoint, hf } => {
-            let e = export_hf(&checkpoint, &hf)?;
+        Command::Export { checkpoint, hf, overwrite } => {
+            let e = export_hf(&checkpoint, &hf, overwrite)?;
             let config = if e.transformers_config {
                 "config.json (transformers MixtralConfig)"
             } else {

@@ -97,7 +97,22 @@ pub fn run(a: Args) -> Result<String> {
     let file: LoadsFile = serde_json::from_str(&text).map_err(|e| {
         Error::file(path, format!("not a loads file ({e}); expected {{\"loads\": [...], \"placement\": [...]}}"))
     })?;
-    let ranks = a.ranks.or(file.ranks).unwrap_or_else(|| file.placement.iter().max().map_or(1, |m| m + 1));
+    let experts = file.placement.len() as u64;
+    let ranks = match (a.ranks.or(file.ranks), file.placement.iter().max()) {
+        (Some(r), _) => r,
+        (None, None) => 1,
+        (None, Some(&top)) if top < experts => top + 1,
+        (None, Some(&top)) => {
+            // Every rank holds an expert, so the largest rank is below the experts' count.
+            return Err(Error::invalid(
+                path,
+                "placement",
+                format!(
+                    "holds rank {top}, but {experts} experts fill at most {experts} ranks (counted from 0); fix the placement"
+                ),
+            ));
+        }
+    };
     let per_expert = match (a.expert_bytes, a.model.as_ref().or(file.model.as_ref())) {
         (Some(b), _) => b,
         (None, Some(m)) => expert_bytes(&resolve_model(m)?, a.bytes_per_param)?,
