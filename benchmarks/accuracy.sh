@@ -6,10 +6,12 @@
 # --summary) is set against `piper predict` on ONE calibrated platform (`piper calibrate`, run first
 # unless the file exists), whatever the rank count. Per rank count it also reports the planner's regret
 # (measured time of the layout the model ranks first ÷ the fastest measured) and the rank correlation.
-# Writes OUT.jsonl, OUT.json and OUT.png (OUT defaults to benchmarks/results/accuracy).
+# Writes OUT.jsonl, OUT.json and OUT.png (OUT defaults to benchmarks/results/accuracy). REPRICE=1 runs
+# nothing: it prices the measurements already in OUT.jsonl again with this piper (after a change to the
+# model, on the same platform file).
 #
 #   PYTHON=/path/with/matplotlib [REPEATS=3] [PLATFORM=FILE] [MODELS="a.json b.json"] [OUT=PREFIX] \
-#       benchmarks/accuracy.sh [STEPS]
+#       [REPRICE=1] benchmarks/accuracy.sh [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-30}
@@ -24,10 +26,14 @@ if ! "$python" -c 'import matplotlib' 2>/dev/null; then
     exit 2
 fi
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/piper-target}
-cargo build --release --features mpi --example mixtral_train --example calibrate_runtime >&2
+[[ -n ${REPRICE:-} ]] || cargo build --release --features mpi --example mixtral_train --example calibrate_runtime >&2
 cargo build --release -p piper-planner --bin piper >&2
 bin=$CARGO_TARGET_DIR/release
 platform=${PLATFORM:-benchmarks/results/platforms/local.toml}
+if [[ ! -f $platform && -n ${REPRICE:-} ]]; then
+    echo "error: REPRICE prices on the platform the measurements were priced on; $platform is missing" >&2
+    exit 2
+fi
 [[ -f $platform ]] || "$bin/piper" calibrate --out "$platform"
 mpi=(mpirun --oversubscribe --bind-to none)
 if [[ $(id -u) == 0 ]]; then mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none); fi
@@ -42,6 +48,13 @@ layouts=(
 )
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+prefix=${OUT:-benchmarks/results/accuracy}
+out=$prefix.jsonl
+if [[ -n ${REPRICE:-} ]]; then
+    [[ -s $out ]] || { echo "error: REPRICE needs the measurements of $out; run without REPRICE first" >&2; exit 2; }
+    cp "$out" "$tmp/measured.jsonl"
+    repeats=0
+fi
 for rep in $(seq 1 "$repeats"); do
     for mi in "${!models[@]}"; do
         for li in "${!layouts[@]}"; do
@@ -55,8 +68,6 @@ for rep in $(seq 1 "$repeats"); do
         done
     done
 done
-prefix=${OUT:-benchmarks/results/accuracy}
-out=$prefix.jsonl
 : >"$out"
 for mi in "${!models[@]}"; do
     model=${models[$mi]}
@@ -66,18 +77,29 @@ for mi in "${!models[@]}"; do
         "$bin/piper" predict --model "$model" --platform "$platform" --pp "$pp" --ep "$ep" \
             --dp "$dp" --micro-batch-size "$mbs" --num-micro-batches "$m" --seq-len "$seq" --schedule "$schedule" \
             --recompute none --dtype fp32 --no-flash-attention --json >"$tmp/predict.json"
-        "$python" - "$model" "${layouts[$li]}" "$tmp/predict.json" "$tmp"/summary-"$mi-$li"-*.json >>"$out" <<'PY'
+        if [[ -n ${REPRICE:-} ]]; then measured=("--measured" "$tmp/measured.jsonl"); else measured=("$tmp"/summary-"$mi-$li"-*.json); fi
+        "$python" - "$model" "${layouts[$li]}" "$tmp/predict.json" "${measured[@]}" >>"$out" <<'PY'
 import json, statistics, sys
 model, layout = sys.argv[1], sys.argv[2].split()
+name = model.split("/")[-1].removesuffix(".json")
+key = {"model": name, "ranks": int(layout[0]), "pp": int(layout[1]), "ep": int(layout[2]), "dp": int(layout[3]),
+       "micro_batches": int(layout[4]), "schedule": layout[5]}
 predict = json.load(open(sys.argv[3]))
-summaries = [json.load(open(p)) for p in sys.argv[4:]]
-times = [s["step_time_median_s"] for s in summaries]
-mems = [max(s["peak_rss_bytes"]) for s in summaries]
-measured_t, measured_m = statistics.median(times), statistics.median(mems)
+if sys.argv[4] == "--measured":
+    rows = [json.loads(l) for l in open(sys.argv[5])]
+    row = next((r for r in rows if all(r[k] == v for k, v in key.items())), None)
+    if row is None:
+        sys.exit(f"error: {sys.argv[5]} has no measurement of {key}; run without REPRICE")
+    measured_t, measured_m = row["step_time_s"]["measured"], row["peak_memory_bytes"]["measured"]
+    repeats, spread = row["repeats"], row["step_time_spread"]
+else:
+    summaries = [json.load(open(p)) for p in sys.argv[4:]]
+    times = [s["step_time_median_s"] for s in summaries]
+    mems = [max(s["peak_rss_bytes"]) for s in summaries]
+    measured_t, measured_m = statistics.median(times), statistics.median(mems)
+    repeats, spread = len(summaries), (max(times) - min(times)) / measured_t
 print(json.dumps({
-    "model": model.split("/")[-1].removesuffix(".json"), "ranks": int(layout[0]), "pp": int(layout[1]),
-    "ep": int(layout[2]), "dp": int(layout[3]), "micro_batches": int(layout[4]), "schedule": layout[5],
-    "repeats": len(summaries), "step_time_spread": (max(times) - min(times)) / measured_t,
+    **key, "repeats": repeats, "step_time_spread": spread,
     "step_time_s": {"predicted": predict["step_time_s"], "measured": measured_t,
                     "error": predict["step_time_s"] / measured_t - 1},
     "peak_memory_bytes": {"predicted": predict["peak_memory_bytes"], "measured": measured_m,

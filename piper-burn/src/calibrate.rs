@@ -239,5 +239,6 @@ pub fn measure_rank(threads: u64, core_peak_flops: f64) -> Result<ThreadCosts, r
         experts_efficiency: m.experts_efficiency,
         runtime: m.runtime,
         step: None,
+        framework_overhead_gib: None,
     })
 }

@@ -140,6 +140,8 @@ pub struct Footprint {
 
 impl Footprint {
     pub fn new(spec: &ModelSpec, platform: &Platform, layout: &Layout, cfg: &TrainConfig) -> Result<Self> {
+        // The platform as the layout's ranks see it: a CPU rank's memory is that of its thread count.
+        let platform = platform.for_node_ranks(layout.gpus().min(platform.gpus_per_node));
         let e = cfg.elem_bytes()?;
         let t = cfg.tokens_per_micro_batch() as f64;
         let d = spec.hidden_size as f64;

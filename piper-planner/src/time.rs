@@ -31,6 +31,9 @@ pub struct LayerTime {
     pub backward_compute_s: f64,
     pub forward_a2a_s: f64,
     pub backward_a2a_s: f64,
+    /// Of the compute, forward and backward: what the expert-parallel path costs beyond one rank's
+    /// fused experts, which is mostly a rank waiting for its group's slowest (see [`StageTime::wait_s`]).
+    pub exchange_wait_s: f64,
 }
 
 impl LayerTime {
@@ -56,6 +59,13 @@ pub struct StageTime {
     pub p2p_s: f64,
     /// Per step: gradient all-reduce over EP·DP (non-expert) and DP (experts).
     pub grad_reduce_s: f64,
+    /// Of the times above, what a rank spends waiting for its peers rather than computing: the
+    /// expert-parallel path's cost beyond the fused experts (per micro-batch, inside forward and
+    /// backward) and the data-parallel replicas' wait for the slowest (per step, inside the reduction).
+    /// When more ranks than cores share a node, a waiting rank yields its core to the others, so time
+    /// sharing stretches the rest and not these.
+    pub wait_s: f64,
+    pub replicas_wait_s: f64,
     /// Per step: optimizer update (memory-bandwidth bound).
     pub optimizer_s: f64,
 }
@@ -166,28 +176,26 @@ impl<'a> CostModel<'a> {
             let a2a_each = exchange_link_s(spec, &platform, cfg, layout.ep, kind, algo)?;
             // Forward + backward compute: the measured step costs where the platform has them, else
             // the tables (backward = 2 × forward) plus the runtime's counted element-wise work.
-            let (total, attention) = match &platform.step_costs {
-                Some(sc) => (
-                    sc.compute_s(
-                        &ClassWork {
-                            linear_table_s: 3.0 * tables.linear_s,
-                            experts_table_s: 3.0 * tables.experts_s,
-                            attention_table_s: 3.0 * tables.attention_s,
-                            layer_token_dims: t * d as f64,
-                            routed_token_experts: routed_token_experts(spec, t, kind),
-                            exchange_token_dims: exchange_token_dims(spec, cfg, layout.ep, kind),
-                            layers: 1.0,
-                            ..Default::default()
-                        },
-                        layout.ep,
-                    ),
-                    sc.attention * tables.attention_s,
-                ),
+            let (total, attention, exchange_wait_s) = match &platform.step_costs {
+                Some(sc) => {
+                    let work = ClassWork {
+                        linear_table_s: 3.0 * tables.linear_s,
+                        experts_table_s: 3.0 * tables.experts_s,
+                        attention_table_s: 3.0 * tables.attention_s,
+                        layer_token_dims: t * d as f64,
+                        routed_token_experts: routed_token_experts(spec, t, kind),
+                        exchange_token_dims: exchange_token_dims(spec, cfg, layout.ep, kind),
+                        layers: 1.0,
+                        ..Default::default()
+                    };
+                    let total = sc.compute_s(&work, layout.ep);
+                    (total, sc.attention * tables.attention_s, total - sc.compute_s(&work, 1))
+                }
                 None => {
                     let counted = platform
                         .runtime
                         .map_or(0.0, |rc| layer_elements(spec, kind, t, cfg.seq_len as f64).seconds(&rc));
-                    (3.0 * tables.total_s() + counted, tables.attention_s)
+                    (3.0 * tables.total_s() + counted, tables.attention_s, 0.0)
                 }
             };
             let fwd = total / 3.0;
@@ -201,6 +209,7 @@ impl<'a> CostModel<'a> {
                 backward_compute_s: total - fwd + recompute_s,
                 forward_a2a_s: 2.0 * a2a_each,
                 backward_a2a_s: 2.0 * a2a_each + recompute_a2a,
+                exchange_wait_s,
             })
         };
         let layers: Vec<LayerTime> = spec.layers.iter().map(|k| layer_time(*k)).collect::<Result<_>>()?;
@@ -224,6 +233,7 @@ impl<'a> CostModel<'a> {
             last_stage.backward_compute_s += l.backward_compute_s;
             last_stage.forward_a2a_s += l.forward_a2a_s;
             last_stage.backward_a2a_s += l.backward_a2a_s;
+            last_stage.exchange_wait_s += l.exchange_wait_s;
         }
         let stage_ranks = layout.ep * layout.dp;
         let p2p_bytes = t * d as f64 * e;
@@ -290,6 +300,7 @@ impl<'a> CostModel<'a> {
             backward_compute_s: a.backward_compute_s + l.backward_compute_s,
             forward_a2a_s: a.forward_a2a_s + l.forward_a2a_s,
             backward_a2a_s: a.backward_a2a_s + l.backward_a2a_s,
+            exchange_wait_s: a.exchange_wait_s + l.exchange_wait_s,
         });
         let (mut dense_bytes, mut expert_bytes) =
             self.grad_bytes[range].iter().fold((0.0, 0.0), |a, g| (a.0 + g.0, a.1 + g.1));
@@ -302,6 +313,7 @@ impl<'a> CostModel<'a> {
             sum.backward_compute_s += l.backward_compute_s;
             sum.forward_a2a_s += l.forward_a2a_s;
             sum.backward_a2a_s += l.backward_a2a_s;
+            sum.exchange_wait_s += l.exchange_wait_s;
             dense_bytes += self.last_extra_grad.0;
             expert_bytes += self.last_extra_grad.1;
         }
@@ -333,6 +345,8 @@ impl<'a> CostModel<'a> {
             a2a_s: sum.forward_a2a_s + sum.backward_a2a_s,
             p2p_s: self.p2p[s],
             grad_reduce_s,
+            wait_s: sum.exchange_wait_s,
+            replicas_wait_s: replicas_s,
             optimizer_s,
         }
     }
@@ -344,7 +358,15 @@ impl<'a> CostModel<'a> {
         // The history's correction scales every time alike (the schedule's makespan with them).
         let refined = self.platform.refinement().time_scale;
         for s in &mut stages {
-            for t in [&mut s.forward_s, &mut s.backward_s, &mut s.a2a_s, &mut s.p2p_s, &mut s.grad_reduce_s] {
+            for t in [
+                &mut s.forward_s,
+                &mut s.backward_s,
+                &mut s.a2a_s,
+                &mut s.p2p_s,
+                &mut s.grad_reduce_s,
+                &mut s.wait_s,
+                &mut s.replicas_wait_s,
+            ] {
                 *t *= refined;
             }
             s.optimizer_s *= refined;
@@ -359,10 +381,13 @@ impl<'a> CostModel<'a> {
         let shared = self.platform.time_share(self.node_ranks, pipeline.bubble_fraction);
         if shared > 1.0 {
             for s in &mut stages {
-                s.forward_s *= shared;
-                s.backward_s *= shared;
+                // The waits stay as they are: the cores serve other ranks meanwhile.
+                let busy = s.forward_s + s.backward_s;
+                let stretch = if busy > 0.0 { ((busy - s.wait_s) * shared + s.wait_s) / busy } else { shared };
+                s.forward_s *= stretch;
+                s.backward_s *= stretch;
                 s.a2a_s *= shared;
-                s.grad_reduce_s *= shared;
+                s.grad_reduce_s = (s.grad_reduce_s - s.replicas_wait_s) * shared + s.replicas_wait_s;
             }
             pipeline = simulate_stages(&stages);
         }
@@ -379,6 +404,80 @@ impl<'a> CostModel<'a> {
             tokens_per_s: tokens / step_time_s,
             tflops_per_gpu: model_flops / step_time_s / gpus / 1e12,
             mfu: model_flops / (step_time_s * self.peak * gpus),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::preset;
+    use crate::platform::StepCosts;
+    use crate::platform::step_costs::PerLayerCosts;
+
+    fn costs(exchange_experts: f64, replica_sync: f64) -> StepCosts {
+        StepCosts {
+            linear: 1.0,
+            experts: 1.0,
+            exchange_experts,
+            exchange_ns: 0.0,
+            attention: 1.0,
+            layer_ns: 5.0,
+            routing_ns: 10.0,
+            cross_entropy_ns: 1.0,
+            optimizer_ns: 1.0,
+            replica_sync,
+            per_layer_us: PerLayerCosts::default(),
+        }
+    }
+
+    /// Four ranks on a node of two cores: time sharing stretches what the ranks compute by the share,
+    /// not what they wait — the expert-parallel path beyond the fused experts and the replicas' wait for
+    /// the slowest — and with a core per rank nothing is stretched.
+    #[test]
+    fn time_sharing_stretches_the_compute_and_not_the_waits() {
+        let spec = preset("tiny").unwrap();
+        let cfg = TrainConfig { micro_batch_size: 2, dtype: "fp32".into(), ..TrainConfig::new(32) };
+        let layout = Layout { pp: 1, ep: 2, dp: 2 };
+        let split = StageSplit::even(spec.num_layers, 1);
+        let node = |cores: u64, sc: StepCosts| {
+            let mut p = Platform {
+                gpus_per_node: 4,
+                cores_per_node: Some(cores),
+                time_share_exponent: Some(1.5),
+                step_costs: Some(sc),
+                threads: Vec::new(),
+                ..crate::platform::preset("local").unwrap()
+            };
+            p.topology.gpu_to_nic = vec![0; 4];
+            p
+        };
+        for cores in [2u64, 4] {
+            let platform = node(cores, costs(0.7, 0.2));
+            let model = CostModel::new(&spec, &platform, &layout, &cfg, A2aAlgo::Flat).unwrap();
+            let alone = model.stage(0, 0, spec.num_layers);
+            assert!(alone.wait_s > 0.0 && alone.replicas_wait_s > 0.0, "{alone:?}");
+            // Without waits, the compute alone: the wait is exactly the exchange path and the replicas.
+            let without = node(cores, costs(0.0, 0.0));
+            let bare =
+                CostModel::new(&spec, &without, &layout, &cfg, A2aAlgo::Flat).unwrap().stage(0, 0, spec.num_layers);
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1e-9);
+            assert!(close(alone.forward_s + alone.backward_s - alone.wait_s, bare.forward_s + bare.backward_s));
+            let shared = model.predict(&split).stages.remove(0);
+            let share = platform.time_share(4, 0.0);
+            let busy = alone.forward_s + alone.backward_s;
+            let (want_busy, want_reduce) = if cores == 2 {
+                assert!(share > 2.0, "{share}");
+                (
+                    (busy - alone.wait_s) * share + alone.wait_s,
+                    (alone.grad_reduce_s - alone.replicas_wait_s) * share + alone.replicas_wait_s,
+                )
+            } else {
+                assert_eq!(share, 1.0);
+                (busy, alone.grad_reduce_s)
+            };
+            assert!(close(shared.forward_s + shared.backward_s, want_busy), "{cores} cores: {shared:?}");
+            assert!(close(shared.grad_reduce_s, want_reduce), "{cores} cores: {shared:?}");
         }
     }
 }

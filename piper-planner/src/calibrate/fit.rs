@@ -106,7 +106,7 @@ pub fn profiled_run(
     let rows = summary.profile()?.to_vec();
     // The step's sequences are shared out over the expert group's ranks.
     let cfg = TrainConfig { micro_batch_size: run.batch / ranks, dtype: "fp32".into(), ..TrainConfig::new(run.seq) };
-    Ok(ProfiledRun { threads, ep: ranks, spec, cfg, rows })
+    Ok(ProfiledRun { threads, ep: ranks, spec, cfg, rows, baseline_s: None })
 }
 
 /// A one-rank run's largest peak RSS against what the model counts for it on `base` (16 configured

@@ -84,7 +84,8 @@ pub const STEP_RUNS: [ProfileRun; 9] = [
 ];
 
 /// Expert-parallel runs (one expert group filling the node) for every thread count below the cores:
-/// the permute → all-to-all → grouped experts → combine path.
+/// the permute → all-to-all → grouped experts → combine path, each paired with the same tokens per rank
+/// through the fused path (one-rank copies on the same cores, just before it).
 pub const EP_RUNS: [ProfileRun; 3] = [run(MIXTRAL_S, 32, 127), run(QWEN3_M, 4, 127), run(DEEPSEEK_M, 8, 63)];
 
 /// The data-parallel run timed on `cores` and on `2 × cores` ranks (time sharing), in two rounds.

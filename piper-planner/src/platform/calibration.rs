@@ -93,21 +93,39 @@ pub fn fit_memory(points: &[MemoryPoint]) -> Result<MemoryFit> {
 
 /// A CPU platform from `base` (piper-comm's measurement of the links and memory, with `base.gpus_per_node`
 /// ranks sharing `cores` cores), the runtime's compute costs per thread count (`threads`, from
-/// `piper_burn::calibrate::measure_threads`) and the memory fitted from `runs`. The peak becomes per
-/// core; the top-level tables are those of one thread; `ranks_per_node` ranks share the node's memory;
-/// the runtime trains in fp32. Errors name what is missing or off.
+/// `piper_burn::calibrate::measure_threads`) and the memory fitted from `runs` (each with the threads
+/// of the rank that measured it): the top-level memory from the runs on every core, each other thread
+/// count's from its own runs where it has them. The peak becomes per core; the top-level tables are
+/// those of one thread; `ranks_per_node` ranks share the node's memory; the runtime trains in fp32.
+/// Errors name what is missing or off.
 pub fn with_runtime(
     base: Platform,
     cores: u64,
     ranks_per_node: u64,
-    threads: Vec<ThreadCosts>,
-    runs: &[MemoryPoint],
+    mut threads: Vec<ThreadCosts>,
+    runs: &[(u64, MemoryPoint)],
 ) -> Result<Platform> {
     let src = "runtime calibration";
-    let Some(one) = threads.first().filter(|t| t.threads == 1) else {
+    if threads.first().is_none_or(|t| t.threads != 1) {
         return Err(Error::invalid(src, "threads", "needs the one-thread measurement first"));
-    };
-    let fit = fit_memory(runs)?;
+    }
+    let at = |t: u64| runs.iter().filter(|(threads, _)| *threads == t).map(|(_, p)| *p).collect::<Vec<_>>();
+    let fit = fit_memory(&at(cores))?;
+    for costs in threads.iter_mut().filter(|c| c.threads < cores) {
+        let points = at(costs.threads);
+        if points.is_empty() {
+            continue;
+        }
+        let own = fit_memory(&points)?;
+        costs.runtime = RuntimeCosts {
+            bytes_per_param: own.bytes_per_param,
+            activation_factor: own.activation_factor,
+            logits_factor: own.logits_factor,
+            ..costs.runtime
+        };
+        costs.framework_overhead_gib = Some(own.base_bytes / GIB);
+    }
+    let one = &threads[0];
     let base_threads = threads_per_rank(cores, base.gpus_per_node) as f64;
     let node_memory_gib = base.gpu_memory_gib * base.gpus_per_node as f64;
     let mut platform = Platform {
@@ -173,6 +191,9 @@ pub struct ProfiledRun {
     pub spec: ModelSpec,
     pub cfg: TrainConfig,
     pub rows: Vec<(String, String, f64)>,
+    /// An expert-parallel run's paired fused run: forward + backward seconds per step (see
+    /// [`StepRun::baseline_s`]).
+    pub baseline_s: Option<f64>,
 }
 
 /// `platform` (a CPU platform with `threads` tables) with the step costs of each thread count fitted
@@ -189,7 +210,7 @@ pub fn with_step_costs(mut platform: Platform, runs: &[ProfiledRun]) -> Result<P
                 .map(|r| {
                     let measured =
                         r.rows.iter().filter_map(|(phase, op, s)| WorkClass::of(phase, op).map(|c| (c, *s))).collect();
-                    Ok(StepRun { work: class_work(&r.spec, &seen, &r.cfg, r.ep)?, measured })
+                    Ok(StepRun { work: class_work(&r.spec, &seen, &r.cfg, r.ep)?, measured, baseline_s: r.baseline_s })
                 })
                 .collect()
         };
@@ -232,5 +253,42 @@ mod tests {
         let same = vec![points[0]; 4];
         assert!(fit_memory(&same).unwrap_err().to_string().contains("independently"));
         assert!(fit_memory(&points[..3]).is_err());
+    }
+
+    /// Memory runs at each thread count give that count its own fit: the top level from the runs on
+    /// every core, one thread's from its runs, and a rank of one thread is priced with it.
+    #[test]
+    fn each_thread_count_gets_the_memory_of_its_runs() {
+        let local = crate::platform::preset("local").unwrap();
+        let costs = |threads: u64| ThreadCosts {
+            threads,
+            attention_efficiency: local.attention_efficiency.clone(),
+            gemm_efficiency: local.gemm_efficiency.clone(),
+            experts_efficiency: vec![],
+            runtime: RuntimeCosts::distinct_for_tests(),
+            step: None,
+            framework_overhead_gib: None,
+        };
+        let shapes = [(1e6, 1e7, 2e7), (1e6, 4e7, 2e7), (5e6, 1e7, 2e7), (3e6, 2.5e7, 6e7), (2e6, 3e7, 1e7)];
+        let runs_of = |threads: u64, base: f64, per_param: f64, act: f64| {
+            shapes.iter().map(move |&(p, a, l)| {
+                let point = MemoryPoint { params: p, activation_bytes: a, logits_bytes: l, peak_rss_bytes: 0.0 };
+                (threads, MemoryPoint { peak_rss_bytes: base + per_param * p + act * a + 1.5 * l, ..point })
+            })
+        };
+        let runs: Vec<(u64, MemoryPoint)> = runs_of(2, 1.2e8, 21.0, 0.45).chain(runs_of(1, 6e7, 17.0, 0.4)).collect();
+        let threads = vec![costs(1), costs(2)];
+        let p = with_runtime(local.clone(), 2, 4, threads, &runs).unwrap();
+        let close = |x: f64, y: f64| (x / y - 1.0).abs() < 1e-9;
+        assert!(close(p.overhead_bytes(), 1.2e8) && close(p.runtime.unwrap().bytes_per_param, 21.0));
+        assert!(close(p.threads[0].framework_overhead_gib.unwrap() * GIB, 6e7), "{:?}", p.threads[0]);
+        assert!(
+            close(p.threads[0].runtime.bytes_per_param, 17.0) && close(p.threads[0].runtime.activation_factor, 0.4)
+        );
+        assert_eq!(p.threads[1].framework_overhead_gib, None, "every core: the top level");
+        let one_thread = p.for_node_ranks(4);
+        assert!(close(one_thread.overhead_bytes(), 6e7) && close(one_thread.runtime.unwrap().bytes_per_param, 17.0));
+        let two_threads = p.for_node_ranks(1);
+        assert!(close(two_threads.overhead_bytes(), 1.2e8));
     }
 }

@@ -43,6 +43,19 @@ pub fn nnls(rows: &[Row]) -> Option<Vec<f64>> {
     best.map(|(_, a)| a)
 }
 
+/// The unconstrained weighted fit on every unit; `None` when they are collinear over the rows or a row is
+/// not finite.
+pub fn least_squares(rows: &[Row]) -> Option<Vec<f64>> {
+    let n = rows.first()?.units.len();
+    let finite = rows.iter().all(|r| {
+        r.units.len() == n && r.units.iter().all(|x| x.is_finite()) && r.y.is_finite() && r.weight.is_finite()
+    });
+    if !finite || n == 0 {
+        return None;
+    }
+    solve_subset(rows, &(0..n).collect::<Vec<_>>())
+}
+
 /// The unconstrained weighted fit on the units `picked` (normal equations, Gaussian elimination with
 /// partial pivoting); `None` when they are collinear over the rows.
 fn solve_subset(rows: &[Row], picked: &[usize]) -> Option<Vec<f64>> {

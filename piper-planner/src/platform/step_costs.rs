@@ -188,6 +188,11 @@ impl StepCosts {
 pub struct StepRun {
     pub work: ClassWork,
     pub measured: Vec<(WorkClass, f64)>,
+    /// For an expert-parallel run: the forward + backward seconds per step of the same model and tokens
+    /// per rank on one rank holding every expert (the fused path), measured just before it on the same
+    /// cores. `None`: the fitted one-rank costs stand in for it.
+    #[serde(default)]
+    pub baseline_s: Option<f64>,
 }
 
 impl StepRun {
@@ -260,7 +265,10 @@ fn fit_exchange(fitted: &StepCosts, exchange_runs: &[StepRun]) -> Result<(f64, f
         .iter()
         .map(|r| {
             let compute: f64 = r.measured.iter().filter(|(c, _)| *c != WorkClass::Optimizer).map(|(_, s)| s).sum();
-            let residual = compute - fitted.compute_s(&r.work, 1) - r.work.exchange_link_s;
+            // Set against its paired fused run where it has one: the machine's speed drifts between
+            // the calibration's phases, and the difference of two runs made back to back does not.
+            let fused = r.baseline_s.unwrap_or_else(|| fitted.compute_s(&r.work, 1));
+            let residual = compute - fused - r.work.exchange_link_s;
             Row { units: vec![r.work.experts_table_s, 1e-9 * r.work.exchange_token_dims], y: residual, weight: 1.0 }
         })
         .collect();
@@ -331,7 +339,7 @@ mod tests {
                 (WorkClass::CrossEntropy, 1e-9 * truth.cross_entropy_ns * work.vocab_tokens),
                 (WorkClass::Optimizer, truth.optimizer_s(work.params, work.layers)),
             ];
-            StepRun { work, measured }
+            StepRun { work, measured, baseline_s: None }
         };
         let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-9;
         // Expert-parallel runs: the other classes as before, the links' time, and the exchange path's
@@ -365,6 +373,34 @@ mod tests {
             assert!(close(got, want), "{f:?}");
         }
         assert!(close(fit.compute_s(&w, 1), truth.compute_s(&w, 1)));
+        // The machine 30% slower while the expert-parallel runs ran: set against the fitted one-rank
+        // costs, the slowdown reads as exchange cost; against paired fused runs measured at the same
+        // speed, the exchange cost comes back.
+        let slow = |scale: f64, token_dims: f64| {
+            let mut r = exchange(scale, token_dims);
+            for (_, s) in &mut r.measured {
+                *s *= 1.3;
+            }
+            r
+        };
+        let drifted = [slow(2.0, 4e6), slow(1.0, 8e6), slow(3.0, 1e6)];
+        let one_rank = [run(1.0, 8.0), run(3.0, 64.0), run(2.0, 16.0)];
+        let unpaired = fit_step_costs(&one_rank, &drifted).unwrap();
+        assert!(unpaired.exchange_experts > 0.6, "the drift is booked as exchange: {unpaired:?}");
+        let paired: Vec<StepRun> = drifted
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                // The links slowed with the cores (one time base for the whole run).
+                r.work.exchange_link_s *= 1.3;
+                StepRun { baseline_s: Some(1.3 * truth.compute_s(&r.work, 1)), ..r }
+            })
+            .collect();
+        let fit_paired = fit_step_costs(&one_rank, &paired).unwrap();
+        assert!(
+            close(fit_paired.exchange_experts, 1.3 * 0.5) && close(fit_paired.exchange_ns, 1.3 * 7.0),
+            "{fit_paired:?}"
+        );
         // Runs that do not tell the units apart: the better one-unit fit, never a negative cost.
         let same = fit_step_costs(&[run(1.0, 8.0), run(2.0, 8.0)], &[]).unwrap();
         assert_eq!((same.exchange_experts, same.exchange_ns), (0.0, 0.0));

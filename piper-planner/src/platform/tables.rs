@@ -28,8 +28,16 @@ pub struct ThreadCosts {
     /// The runtime's routed experts (see `Platform::experts_efficiency`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub experts_efficiency: Vec<GemmTable>,
-    /// Time fields only; the memory fields are the platform's `[runtime]` ones.
+    /// Time fields; the memory fields too where `framework_overhead_gib` is set (else the platform's
+    /// `[runtime]` ones stand for them).
     pub runtime: RuntimeCosts,
+    /// What a rank of this many threads holds beyond what the model counts (GiB), fitted with
+    /// `runtime`'s memory fields from memory runs at this thread count: a rank's allocator keeps pools
+    /// per thread, so a rank of fewer threads holds less (56–64 MiB less at one thread than at two for
+    /// a 128-wide Mixtral-style model on an AMD EPYC Zen 4, 8 MiB for a 256-wide Qwen3-style one).
+    /// `None`: the platform's top-level memory, fitted on every core, stands for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub framework_overhead_gib: Option<f64>,
     /// The runtime's measured costs per class of work at this thread count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<StepCosts>,

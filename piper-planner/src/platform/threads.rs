@@ -38,15 +38,19 @@ impl Platform {
         p.gemm_efficiency = costs.gemm_efficiency.clone();
         p.experts_efficiency = costs.experts_efficiency.clone();
         p.step_costs = costs.step.or(self.step_costs);
-        p.runtime = Some(match self.runtime {
-            Some(memory) => RuntimeCosts {
+        // The memory measured at this thread count, else the platform's (measured on every core).
+        p.runtime = Some(match (costs.framework_overhead_gib, self.runtime) {
+            (None, Some(memory)) => RuntimeCosts {
                 bytes_per_param: memory.bytes_per_param,
                 activation_factor: memory.activation_factor,
                 logits_factor: memory.logits_factor,
                 ..costs.runtime
             },
-            None => costs.runtime,
+            _ => costs.runtime,
         });
+        if let Some(overhead) = costs.framework_overhead_gib {
+            p.framework_overhead_gib = overhead;
+        }
         // Resolved: the tables above are this rank's (`cores_per_node` stays, for `time_share`).
         p.threads.clear();
         Cow::Owned(p)
@@ -94,6 +98,15 @@ impl Platform {
             }
             check_experts_grid(src, &format!("threads[{i}].experts_efficiency"), &t.experts_efficiency)?;
             t.runtime.validate(src)?;
+            if let Some(f) = t.framework_overhead_gib
+                && !(f.is_finite() && f >= 0.0 && f < self.gpu_memory_gib)
+            {
+                return Err(Error::invalid(
+                    src,
+                    format!("threads[{i}].framework_overhead_gib"),
+                    format!("is {f}; it must be in [0, gpu_memory_gib = {})", self.gpu_memory_gib),
+                ));
+            }
             if let Some(sc) = &t.step {
                 sc.validate(src, &format!("threads[{i}].step"))?;
             }
@@ -168,6 +181,7 @@ pub fn mean_of(runs: &[ThreadCosts]) -> Option<ThreadCosts> {
             ..first.runtime
         },
         step: None,
+        framework_overhead_gib: None,
     })
 }
 
@@ -195,6 +209,7 @@ mod tests {
             experts_efficiency: vec![],
             runtime: rc,
             step: None,
+            framework_overhead_gib: None,
         };
         let flat = |e: f64| vec![GemmTable { n: 1024, k: 1024, points: vec![[1.0, e], [4096.0, e]] }];
         let halve = |x: f64| x / 2.0;
@@ -215,6 +230,7 @@ mod tests {
                 ..rc
             },
             step: None,
+            framework_overhead_gib: None,
         };
         p.runtime = Some(RuntimeCosts { bytes_per_param: 20.0, ..rc });
         p.threads = vec![one, twice];
@@ -237,6 +253,27 @@ mod tests {
         }
         let gpu = crate::platform::preset("frontier").unwrap();
         assert!(matches!(gpu.for_node_ranks(8), Cow::Borrowed(_)));
+    }
+
+    /// A thread count with its own memory fit: its ranks get that fit's overhead and factors, the
+    /// others keep the platform's.
+    #[test]
+    fn a_rank_gets_the_memory_of_its_threads_where_it_was_measured() {
+        let mut p = two_cores(0.5);
+        p.framework_overhead_gib = 0.1;
+        let measured = RuntimeCosts { bytes_per_param: 17.0, activation_factor: 0.3, ..p.threads[0].runtime };
+        p.threads[0] = ThreadCosts { runtime: measured, framework_overhead_gib: Some(0.04), ..p.threads[0].clone() };
+        p.validate().unwrap();
+        let one_thread = p.for_node_ranks(2);
+        assert_eq!(one_thread.framework_overhead_gib, 0.04);
+        assert_eq!(
+            (one_thread.runtime.unwrap().bytes_per_param, one_thread.runtime.unwrap().activation_factor),
+            (17.0, 0.3)
+        );
+        let two_threads = p.for_node_ranks(1);
+        assert_eq!((two_threads.framework_overhead_gib, two_threads.runtime.unwrap().bytes_per_param), (0.1, 20.0));
+        p.threads[0].framework_overhead_gib = Some(f64::NAN);
+        assert!(p.validate().unwrap_err().to_string().contains("threads[0].framework_overhead_gib"));
     }
 
     #[test]
