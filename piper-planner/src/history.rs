@@ -54,9 +54,16 @@ pub enum HistoryTarget {
 
 impl HistoryTarget {
     /// `flag` (the trainer's `--history`), else `$PIPER_HISTORY`, else the default file (see the
-    /// module); `off` keeps none, and so does a system without a home folder.
+    /// module); `off` keeps none, and so does a system without a home folder. An empty flag or variable
+    /// counts as not given (`PIPER_HISTORY= cmd` is not a file named "").
     pub fn resolve(flag: Option<&Path>) -> Self {
-        let chosen = flag.map(Path::to_path_buf).or_else(|| std::env::var_os("PIPER_HISTORY").map(PathBuf::from));
+        Self::resolve_from(flag, std::env::var_os("PIPER_HISTORY"))
+    }
+
+    /// [`HistoryTarget::resolve`] with the variable's value given.
+    fn resolve_from(flag: Option<&Path>, env: Option<std::ffi::OsString>) -> Self {
+        let given = |p: &PathBuf| !p.as_os_str().is_empty();
+        let chosen = flag.map(Path::to_path_buf).filter(given).or_else(|| env.map(PathBuf::from).filter(given));
         match chosen {
             Some(p) if p.as_os_str() == "off" => HistoryTarget::Off,
             Some(p) => HistoryTarget::File(p),
@@ -196,5 +203,22 @@ mod tests {
     fn off_keeps_none_and_a_flag_wins() {
         assert_eq!(HistoryTarget::resolve(Some(Path::new("off"))), HistoryTarget::Off);
         assert_eq!(HistoryTarget::resolve(Some(Path::new("h.jsonl"))), HistoryTarget::File("h.jsonl".into()));
+        let env = |v: &str| Some(std::ffi::OsString::from(v));
+        assert_eq!(HistoryTarget::resolve_from(None, env("e.jsonl")), HistoryTarget::File("e.jsonl".into()));
+        assert_eq!(
+            HistoryTarget::resolve_from(Some(Path::new("h.jsonl")), env("off")),
+            HistoryTarget::File("h.jsonl".into())
+        );
+        assert_eq!(HistoryTarget::resolve_from(None, env("off")), HistoryTarget::Off);
+    }
+
+    /// An empty `$PIPER_HISTORY` or `--history ""` is not a path: the next source decides.
+    #[test]
+    fn empty_counts_as_not_given() {
+        let env = |v: &str| Some(std::ffi::OsString::from(v));
+        let default = HistoryTarget::resolve_from(None, None);
+        assert_eq!(HistoryTarget::resolve_from(None, env("")), default);
+        assert_eq!(HistoryTarget::resolve_from(Some(Path::new("")), env("off")), HistoryTarget::Off);
+        assert_ne!(default, HistoryTarget::File(PathBuf::new()));
     }
 }
