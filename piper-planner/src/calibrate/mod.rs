@@ -163,6 +163,9 @@ fn train_args(run: &ProfileRun, model: &str, steps: u64, summary: &Path) -> Vec<
     flags.into_iter().flat_map(|(k, v)| [k.to_string(), v]).chain(["--no-progress".to_string()]).collect()
 }
 
+/// The profiled one-rank runs, and the memory points with the threads of the rank that measured each.
+type OneRankRuns = (Vec<ProfiledRun>, Vec<(u64, MemoryPoint)>);
+
 /// Every step run at every thread count (copies at once), profiled, in [`PROFILE_ROUNDS`] interleaved
 /// rounds, each round a row of the fit (the machine's speed drifts between rounds; the fit takes their
 /// middle, as a run's median step does). The memory points of the last round's runs on every core,
@@ -171,12 +174,7 @@ fn train_args(run: &ProfileRun, model: &str, steps: u64, summary: &Path) -> Vec<
 /// but the expert-parallel ranks 11–22% under, since the model does not yet count the exchange path's
 /// buffers (which the fit on every core happens to absorb), and a planner that under-counts memory
 /// offers plans that do not fit.
-fn profile_one_rank(
-    s: &Settings,
-    w: &Workers,
-    threads: &[u64],
-    base: &Platform,
-) -> Result<(Vec<ProfiledRun>, Vec<(u64, MemoryPoint)>)> {
+fn profile_one_rank(s: &Settings, w: &Workers, threads: &[u64], base: &Platform) -> Result<OneRankRuns> {
     let summary =
         |i: usize, t: u64, copy: u64, round: usize| s.work.join(format!("summary-{i}-{t}-{copy}-{round}.json"));
     let last = PROFILE_ROUNDS - 1;
