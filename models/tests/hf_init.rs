@@ -132,6 +132,7 @@ fn init_hf_starts_from_the_folders_weights_on_any_layout() {
         schedule: Schedule::OneFOneB,
         split: None,
         all_to_all: A2aAlgo::Flat,
+        ..LayoutFlags::single()
     };
     for (what, flags) in [("one process", single), ("PP=2×EP=2", pp2ep2)] {
         let got = first_loss(&dir, flags);

@@ -40,6 +40,7 @@ fn plan(model: &str, pp: u64, ep: u64, dp: u64, m: usize, run: &RunConfig) -> Ru
         schedule: Schedule::OneFOneB,
         split: None,
         all_to_all: A2aAlgo::Flat,
+        ..LayoutFlags::single()
     };
     runtime::plan_from_flags(&spec, &platform, run, &flags, (pp * ep * dp) as usize).unwrap()
 }

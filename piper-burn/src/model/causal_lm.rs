@@ -73,8 +73,28 @@ impl burn::module::ModuleVisitor for Materialize {
 
 impl CausalLmConfig {
     pub fn init(&self, device: &Device) -> CausalLm {
+        self.init_part(device, |_, layer| Some(layer))
+    }
+
+    /// The model with only the decoder layers `part` keeps, drawn as [`CausalLmConfig::init`] draws the
+    /// whole model (same seed, same weights) but one layer at a time: `part(i, layer)` sees layer i right
+    /// after it is drawn and returns what to keep of it (`None`: nothing; a rank's share of its experts),
+    /// so a rank's memory never holds more than its part and one whole layer.
+    pub fn init_part(
+        &self,
+        device: &Device,
+        mut part: impl FnMut(usize, DecoderLayer) -> Option<DecoderLayer>,
+    ) -> CausalLm {
         let mut model = self.init_lazy(device);
-        model.visit(&mut Materialize);
+        // Module order: the embedding, each layer, the final norm, the head.
+        model.embed.visit(&mut Materialize);
+        let layers = std::mem::take(&mut model.layers);
+        for (i, layer) in layers.into_iter().enumerate() {
+            layer.visit(&mut Materialize);
+            model.layers.extend(part(i, layer));
+        }
+        model.norm.visit(&mut Materialize);
+        model.lm_head_dv.visit(&mut Materialize);
         if self.zero_router {
             for block in model.layers.iter_mut().filter_map(|l| l.moe.as_mut()) {
                 let shape = block.router.gate.weight.dims();

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use piper_planner::comm::A2aAlgo;
-use piper_planner::layout::{Layout, Schedule, StageSplit};
+use piper_planner::layout::{Layout, Recompute, Schedule, StageSplit};
 use piper_planner::model::{ModelSpec, resolve_model};
 use piper_planner::platform::Platform;
 use piper_planner::run_plan::RunPlan;
@@ -98,6 +98,11 @@ pub struct RunArgs {
     pub split: Option<String>,
     #[arg(long = "all-to-all", value_parser = ["flat", "pairwise", "halo"], default_value = "flat")]
     pub all_to_all: String,
+    /// Activation recompute: `none` keeps every activation for the backward; `full` keeps each decoder
+    /// layer's input and recomputes the layer (its all-to-alls included) in the backward — less memory
+    /// for about one more forward. `selective` is priced by the planner but not run.
+    #[arg(long, value_parser = ["none", "selective", "full"], default_value = "none")]
+    pub recompute: String,
     /// Expert migration: `plan` follows the plan's policy (`--plan auto` and layout flags get the
     /// planner's default policy), `off` never moves an expert.
     #[arg(long, value_parser = ["plan", "off"], default_value = "plan")]
@@ -253,6 +258,11 @@ impl RunArgs {
             schedule: if self.schedule == "gpipe" { Schedule::GPipe } else { Schedule::OneFOneB },
             split: split.transpose()?,
             all_to_all: A2aAlgo::parse(&self.all_to_all, "--all-to-all")?,
+            recompute: match self.recompute.as_str() {
+                "full" => Recompute::Full,
+                "selective" => Recompute::Selective,
+                _ => Recompute::None,
+            },
         };
         plan_from_flags(spec, platform, config, &flags, ranks)
     }

@@ -6,7 +6,7 @@
 //! - Inputs: [`cli`] (the flags), [`config`], [`plan`] (plan files, `--plan auto`, layout flags),
 //!   [`checkpoint`] settings, [`job`] (everything a run needs, checked before anything is allocated).
 //! - Execution: [`executor`] (set-up, resume, the step loop, finish) over [`setup`], [`step`] and
-//!   [`stage`] (one handler per instruction), with [`grads`] (reduction and global-norm clipping),
+//!   [`stage`] (one handler per instruction, full activation recompute in [`recompute`]), with [`grads`] (reduction and global-norm clipping),
 //!   [`optim`] (AdamW), [`migration`] and [`checkpoint`].
 //! - Around it: [`report`] (progress, metrics, summary), [`profile`], [`fingerprint`] (ranks agree),
 //!   [`reductions`] (a device probe), [`threads`], [`host`], [`peak`], [`fault`] (fault injection for
@@ -27,6 +27,7 @@ pub mod optim;
 pub mod peak;
 pub mod plan;
 pub mod profile;
+mod recompute;
 pub mod reductions;
 pub mod report;
 mod setup;

@@ -25,6 +25,8 @@ pub struct LayoutFlags {
     /// Layers per stage (`None`: the even split).
     pub split: Option<StageSplit>,
     pub all_to_all: A2aAlgo,
+    /// What the forward keeps (`--recompute`): everything, or each layer's input (`full`).
+    pub recompute: Recompute,
 }
 
 impl LayoutFlags {
@@ -36,19 +38,26 @@ impl LayoutFlags {
             schedule: Schedule::OneFOneB,
             split: None,
             all_to_all: A2aAlgo::Flat,
+            recompute: Recompute::None,
         }
     }
 }
 
 /// The planner's view of a run: f32 weights, gradients and AdamW moments (4 + 4 + 8 bytes per
-/// parameter), no recomputation, and attention that keeps its s × s scores (the runtime's attention
-/// is not flash attention).
-fn train_config(seq_len: u64, micro_batch_size: u64, micro_batches: u64, schedule: Schedule) -> TrainConfig {
+/// parameter), `recompute` (none or full), and attention that keeps its s × s scores (the runtime's
+/// attention is not flash attention).
+fn train_config(
+    seq_len: u64,
+    micro_batch_size: u64,
+    micro_batches: u64,
+    schedule: Schedule,
+    recompute: Recompute,
+) -> TrainConfig {
     TrainConfig {
         micro_batch_size,
         num_micro_batches: micro_batches,
         schedule,
-        recompute: Recompute::None,
+        recompute,
         dtype: "fp32".into(),
         weight_bytes: 4.0,
         grad_bytes: 4.0,
@@ -60,7 +69,7 @@ fn train_config(seq_len: u64, micro_batch_size: u64, micro_batches: u64, schedul
 
 /// The settings the planner prices `plan` with, as the runtime trains it (see [`train_config`]).
 pub fn priced_config(plan: &RunPlan) -> TrainConfig {
-    train_config(plan.seq_len, plan.micro_batch_size, plan.num_micro_batches, plan.schedule)
+    train_config(plan.seq_len, plan.micro_batch_size, plan.num_micro_batches, plan.schedule, plan.recompute)
 }
 
 /// The plan for a layout given by flags, priced by the planner on `platform` (its predictions are what
@@ -116,20 +125,24 @@ pub fn plan_from_flags(
         (run.global_batch / per_step) as u64,
         flags.micro_batches as u64,
         flags.schedule,
+        flags.recompute,
     );
+    if let Some((_, why)) = runtime_refusal("fp32", flags.recompute) {
+        return Err(RuntimeError::invalid("--recompute", why));
+    }
     let candidate = price(spec, platform, &l, &cfg, flags.all_to_all, &split)?;
     Ok(RunPlan::from_candidate(spec, &platform.name, run.seq_len as u64, "fp32", &candidate))
 }
 
 /// `--plan auto`: the planner's best layout for `ranks` ranks among those the runtime executes (any PP ×
-/// EP × DP, micro-batch count and schedule, f32, no recomputation).
+/// EP × DP, micro-batch count and schedule, f32, no recompute or full recompute).
 pub fn plan_auto(spec: &ModelSpec, platform: &Platform, run: &RunConfig, ranks: usize) -> Result<RunPlan> {
     run.validate()?;
     let mut req = PlanRequest::new(ranks as u64, run.global_batch as u64, run.seq_len as u64);
-    let base = train_config(run.seq_len as u64, 1, 1, Schedule::OneFOneB);
+    let base = train_config(run.seq_len as u64, 1, 1, Schedule::OneFOneB, Recompute::None);
     req.base = base;
     req.schedules = vec![Schedule::OneFOneB, Schedule::GPipe];
-    req.recomputes = vec![Recompute::None];
+    req.recomputes = vec![Recompute::None, Recompute::Full];
     req.algos = vec![A2aAlgo::Flat, A2aAlgo::Halo];
     req.ep_domain = EpDomain::Any;
     req.micro_batch_sizes =

@@ -72,15 +72,16 @@ impl<'a> RankRun<'a> {
         let dispatcher = dispatcher(job, groups.expert, &groups.stage, &placement);
         let device = job.device.clone().autodiff();
         let model_config = CausalLmConfig { aux_loss_coef: job.run.aux_loss_coef, ..job.model.clone() };
-        let model = draw_model(job, &model_config, &device);
-        let num_moe_total = model.num_moe_layers();
-        let first_moe = model.layers[..at.layers.start].iter().filter(|l| l.moe.is_some()).count();
+        let is_moe: Vec<bool> = model_config.layers.iter().map(|l| l.moe.is_some()).collect();
+        let num_moe_total = is_moe.iter().filter(|m| **m).count();
+        let first_moe = is_moe[..at.layers.start].iter().filter(|m| **m).count();
         // The plan's placement, or a resumed checkpoint's (after its migrations) under the same EP.
         let mut placements = vec![placement; num_moe_total];
         if let Some(r) = job.resume {
             placements = resumed_placements(r, &placements, at.ep)?;
         }
-        let model = stage_model(model, at.layers.clone(), first_moe, &placements, dispatcher.as_ref(), at.ep_rank);
+        let share = StageShare { layers: at.layers.clone(), is_moe, placements: &placements, ep_rank: at.ep_rank };
+        let model = draw_stage(job, &model_config, &device, &share, dispatcher.as_ref());
         let shape = at.stage_shape(job, model_config.d_model, num_moe_total, first_moe, experts);
         let optim = AdamW::new(AdamWSettings { weight_decay: job.run.weight_decay, ..AdamWSettings::default() });
         Ok(RankRun {
@@ -106,6 +107,7 @@ impl<'a> RankRun<'a> {
                 dispatcher,
                 device,
                 grad_clip: job.run.grad_clip,
+                recompute: job.plan.recompute,
             },
         })
     }
@@ -239,37 +241,47 @@ fn dispatcher(
 
 /// The whole model, drawn from the run's seed (one rank at a time where ranks are threads), with the
 /// skewed routers of `--hot-experts`.
-fn draw_model(job: &Job, config: &CausalLmConfig, device: &Device) -> CausalLm {
-    let mut model: CausalLm = {
-        let _one_at_a_time = crate::init_lock();
-        device.seed(job.run.seed);
-        config.init(device)
-    };
-    if job.run.hot_experts > 0 {
-        for block in model.layers.iter_mut().filter_map(|l| l.moe.as_mut()) {
-            block.router = block.router.clone().with_hot_experts(job.run.hot_experts, job.run.hot_factor);
-        }
-    }
-    model
+/// What of the model a rank holds: its stage's `layers` (global indices; `is_moe` of every layer of the
+/// model), and of each MoE layer the experts its placement puts on `ep_rank`.
+struct StageShare<'p> {
+    layers: Range<usize>,
+    is_moe: Vec<bool>,
+    placements: &'p [ExpertPlacement],
+    ep_rank: usize,
 }
 
-/// The stage's part of `model`: its `layers`, whose MoE blocks keep the experts their placement puts on
-/// `ep_rank` and reach the others through `dispatcher`.
-fn stage_model(
-    mut model: CausalLm,
-    layers: Range<usize>,
-    first_moe: usize,
-    placements: &[ExpertPlacement],
+/// The rank's part of the model, drawn with the run's seed one layer at a time (the weights are those of
+/// the whole model drawn at once, whatever the layout; a rank holds no more than its part and one whole
+/// layer): the stage's layers, whose MoE blocks keep their experts on this rank and reach the others
+/// through `dispatcher`, with the run's skewed routers (`--hot-experts`).
+fn draw_stage(
+    job: &Job,
+    config: &CausalLmConfig,
+    device: &Device,
+    share: &StageShare,
     dispatcher: Option<&Arc<dyn TokenDispatcher>>,
-    ep_rank: usize,
 ) -> CausalLm {
-    model.layers = model.layers.drain(layers).collect();
-    if let Some(d) = dispatcher {
-        for (k, block) in model.layers.iter_mut().filter_map(|l| l.moe.as_mut()).enumerate() {
-            *block = block.clone().with_routing(d.clone(), placements[first_moe + k].clone(), ep_rank);
+    let _one_at_a_time = crate::init_lock();
+    device.seed(job.run.seed);
+    config.init_part(device, |i, mut layer| {
+        if !share.layers.contains(&i) {
+            return None;
         }
-    }
-    model
+        if let Some(block) = layer.moe.take() {
+            let mut block = match dispatcher {
+                Some(d) => {
+                    let k = share.is_moe[..i].iter().filter(|m| **m).count();
+                    block.with_routing(d.clone(), share.placements[k].clone(), share.ep_rank)
+                }
+                None => block,
+            };
+            if job.run.hot_experts > 0 {
+                block.router = block.router.clone().with_hot_experts(job.run.hot_experts, job.run.hot_factor);
+            }
+            layer.moe = Some(block);
+        }
+        Some(layer)
+    })
 }
 
 /// Expert migration when the run asks for it and experts are spread over ranks: the plan's policy with

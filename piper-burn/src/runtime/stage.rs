@@ -13,6 +13,7 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use piper_comm::communicator::wait_all;
 use piper_comm::{Communicator, Pending};
+use piper_planner::layout::Recompute;
 use piper_planner::schedule::Instr;
 
 use super::error::{Result, RuntimeError, host_f32};
@@ -57,27 +58,45 @@ pub(crate) struct Stage<'a> {
     pub dispatcher: Option<Arc<dyn TokenDispatcher>>,
     pub device: Device,
     pub grad_clip: f64,
+    /// What the forward keeps for the backward: every activation, or (full) each layer's input.
+    pub recompute: Recompute,
+}
+
+/// What a recomputing forward (`--recompute full`, see `super::recompute`) keeps of one micro-batch.
+/// Legend: b = sequences of the micro-batch, s = sequence length, d = model width.
+pub(crate) struct LayerInputs {
+    /// Each layer's input `[b, s, d]`, without autodiff.
+    pub inputs_bsd: Vec<Tensor<3>>,
+    /// First stage: the embedding's output, with its graph (the token ids are its only saved state).
+    pub embedded_bsd: Option<Tensor<3>>,
+    /// Last stage: the last layer's output as a leaf of the head's graph.
+    pub head_input_bsd: Option<Tensor<3>>,
 }
 
 /// What a forward left for its backward.
-struct Saved {
+pub(crate) struct Saved {
     input: Option<Tensor<3>>,
     output: Tensor<3>,
-    /// Last stage: the scaled loss; other stages: the router-loss term of the stage's layers.
-    local_loss: Option<Tensor<1>>,
+    /// Last stage: the scaled loss; other stages: the router-loss term of the stage's layers (full
+    /// recompute: only the last stage's cross-entropy; the layers' terms come back in their recompute).
+    pub local_loss: Option<Tensor<1>>,
+    /// Full recompute: the layers' inputs.
+    pub recompute: Option<LayerInputs>,
 }
 
 /// What one step accumulates while its instructions run.
 pub(crate) struct StepState {
     ids: Vec<i64>,
-    params: Vec<(ParamId, usize, bool)>,
     batches: Vec<Option<Tensor<2, Int>>>,
     inputs: Vec<Option<Tensor<3>>>,
-    out_grads: Vec<Option<Tensor<3>>>,
-    in_grads: Vec<Option<Tensor<3>>>,
+    pub out_grads: Vec<Option<Tensor<3>>>,
+    pub in_grads: Vec<Option<Tensor<3>>>,
     saved: Vec<Option<Saved>>,
     sends: Vec<Box<dyn Pending>>,
-    acc: Option<GradientsParams>,
+    pub acc: Option<GradientsParams>,
+    pub params: Vec<(ParamId, usize, bool)>,
+    /// Full recompute: the stage's model without autodiff, for this step's forwards.
+    pub frozen: Option<CausalLm>,
     /// Cross-entropy summed over micro-batches (last stage) and the scaled router-loss terms.
     pub ce_sum: f32,
     pub router_sum: f32,
@@ -118,6 +137,7 @@ impl Stage<'_> {
             saved: (0..m).map(|_| None).collect(),
             sends: Vec::new(),
             acc: None,
+            frozen: None,
             ce_sum: 0.0,
             router_sum: 0.0,
             load: vec![0.0; self.shape.num_moe_total * self.shape.experts],
@@ -197,7 +217,16 @@ impl Stage<'_> {
                 model.embed_tokens(ids.narrow(1, 0, s.seq))
             }
         };
-        let (out, moe) = model.forward_layers(x, 0..model.layers.len());
+        let (out, moe, kept) = match self.recompute {
+            Recompute::Full => {
+                let (out, moe, kept) = self.forward_keeping_inputs(st, x);
+                (out, moe, Some(kept))
+            }
+            _ => {
+                let (out, moe) = model.forward_layers(x, 0..model.layers.len());
+                (out, moe, None)
+            }
+        };
         for (j, stats) in moe.iter().enumerate() {
             let row = &mut st.load[(s.first_moe + j) * s.experts..(s.first_moe + j + 1) * s.experts];
             for (a, c) in row.iter_mut().zip(&stats.tokens_per_expert) {
@@ -208,10 +237,13 @@ impl Stage<'_> {
         if let Some(r) = &router {
             st.router_sum += scalar(r.clone())?;
         }
+        // Recomputed layers add their router terms in their own backward.
+        let router = router.filter(|_| kept.is_none());
         let local_loss = if s.is_last {
             let ids =
                 st.batches[i].take().ok_or(RuntimeError::Internal("schedule bug: the last stage has no targets"))?;
-            let ce = model.cross_entropy(model.head(out.clone()), ids.narrow(1, 1, s.seq));
+            let head_in = kept.as_ref().and_then(|k| k.head_input_bsd.clone()).unwrap_or_else(|| out.clone());
+            let ce = model.cross_entropy(model.head(head_in), ids.narrow(1, 1, s.seq));
             st.ce_sum += scalar(ce.clone())?;
             Some(match router {
                 Some(r) => ce * s.scale + r,
@@ -220,7 +252,7 @@ impl Stage<'_> {
         } else {
             router
         };
-        st.saved[i] = Some(Saved { input, output: out, local_loss });
+        st.saved[i] = Some(Saved { input, output: out, local_loss, recompute: kept });
         Ok(0.0)
     }
 
@@ -240,6 +272,10 @@ impl Stage<'_> {
 
     fn backward(&self, st: &mut StepState, i: usize) -> Result<f64> {
         let saved = st.saved[i].take().ok_or(RuntimeError::Internal("schedule bug: backward before forward"))?;
+        if saved.recompute.is_some() {
+            self.backward_recomputing(st, i, saved)?;
+            return Ok(0.0);
+        }
         let objective = match st.out_grads[i].take() {
             // The vector-Jacobian product of the stage's output with the received gradient.
             Some(g) => {
@@ -282,6 +318,7 @@ impl Stage<'_> {
     }
 
     fn optimizer_step(&mut self, st: &mut StepState, lr: f64) -> Result<()> {
+        st.frozen = None;
         let grads = st.acc.take().unwrap_or_default();
         self.model = self.optim.step_scaled(lr, self.model.clone(), &grads, st.grad_scale);
         Ok(())
