@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Expert migration on a skewed workload, side by side: `mpirun -np 2 --ep 2 --hot-experts K:FACTOR`
 # (experts 0..K−1 of every layer draw ~FACTOR× their share, all on rank 0 at first) with migration off
-# and with the plan's policy, alternating for ROUNDS rounds. Per run: median step time, the rank load
-# max/mean per layer over the second half, and every migration's measured and predicted seconds.
+# and with the plan's policy, alternating for ROUNDS rounds, and the policy on the same job without the
+# skew (`unskewed`: it should never move). Per run: median step time, the rank load max/mean per layer
+# over the second half, and every migration's measured and predicted seconds and predicted gain.
 # JSON lines in benchmarks/results/migration.jsonl.
 #   cargo build --release --example mixtral_train --features mpi && benchmarks/migration.sh
 set -euo pipefail
@@ -19,11 +20,14 @@ trap 'rm -rf "$tmp"' EXIT
 : > "$OUT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 for round in $(seq 1 "$ROUNDS"); do
-  for mode in off plan; do
-    mpirun --oversubscribe --mca mpi_yield_when_idle 1 -np 2 "$BIN" --ep 2 --hot-experts "$HOT" --steps "$STEPS" \
-      --migration "$mode" --migration-every "$EVERY" --no-progress --log-every 0 \
+  for mode in off plan unskewed; do
+    skew=(--hot-experts "$HOT")
+    policy=$mode
+    if [[ $mode == unskewed ]]; then skew=(); policy=plan; fi
+    mpirun --oversubscribe --mca mpi_yield_when_idle 1 -np 2 "$BIN" --ep 2 "${skew[@]}" --steps "$STEPS" \
+      --migration "$policy" --migration-every "$EVERY" --no-progress --log-every 0 --history off \
       --metrics "$tmp/m.jsonl" --summary "$tmp/s.json" > "$tmp/log" 2>&1 || { cat "$tmp/log"; exit 1; }
-    python3 - "$round" "$mode" "$HOT" "$tmp/m.jsonl" "$tmp/s.json" >> "$OUT" <<'PY'
+    python3 - "$round" "$mode" "$([[ $mode == unskewed ]] || echo "$HOT")" "$tmp/m.jsonl" "$tmp/s.json" >> "$OUT" <<'PY'
 import json, statistics, sys
 round_, mode, hot, metrics, summary = sys.argv[1:]
 steps = [json.loads(l) for l in open(metrics)]
@@ -45,8 +49,9 @@ python3 - "$OUT" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 for r in rows:
-    print(f"round {r['round']} migration {r['migration']:>4}: step {1e3 * r['step_time_median_s']:.2f} ms, "
+    gain = sum(e.get("predicted_gain_per_step_s", 0) for e in r["events"])
+    print(f"round {r['round']} migration {r['migration']:>8}: step {1e3 * r['step_time_median_s']:.2f} ms, "
           f"rank load max/mean (2nd half) {['%.2f' % x for x in r['rank_load_max_mean_second_half']]}, "
           f"{r['migrations']} migrations, {1e3 * r['migration_seconds']:.1f} ms measured / {1e3 * r['predicted_seconds']:.1f} ms predicted "
-          f"({100 * r['migration_share']:.2f}% of the run), final loss {r['final_loss']:.4f}")
+          f"({100 * r['migration_share']:.2f}% of the run), predicted gain {1e3 * gain:.2f} ms/step, final loss {r['final_loss']:.4f}")
 PY

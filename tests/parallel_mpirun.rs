@@ -115,9 +115,10 @@ fn a_plan_file_from_piper_plan_drives_a_four_rank_run() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Forced expert migrations under mpirun (threshold 1, a check every 3 steps): the loss curve equals
-/// the run without migration, for EP=2, EP=4 and PP=2×EP=2; a skewed workload (`--hot-experts 2:4`, both hot
-/// experts on rank 0) is rebalanced by the plan's policy with a shorter check interval.
+/// Forced expert migrations under mpirun (threshold 1, a check every 3 steps, the threshold rule): the
+/// loss curve equals the run without migration, for EP=2, EP=4 and PP=2×EP=2; a skewed workload
+/// (`--hot-experts 2:4`, both hot experts on rank 0) is rebalanced by the plan's policy (payoff
+/// decision) with a shorter check interval.
 #[test]
 #[cfg_attr(
     not(feature = "mpi"),
@@ -142,7 +143,8 @@ fn expert_migration_under_mpirun_preserves_the_loss_curve() {
     {
         let (on, off) = (dir.join(format!("{name}-on.jsonl")), dir.join(format!("{name}-off.jsonl")));
         let mut args = layout.clone();
-        args.extend(["--migration-threshold", "1", "--migration-every", "3", "--metrics", on.to_str().unwrap()]);
+        args.extend(["--migration-threshold", "1", "--migration-every", "3", "--migration-decision", "threshold"]);
+        args.extend(["--metrics", on.to_str().unwrap()]);
         let (ok, out) = run(mpirun(np, &[], &args), Duration::from_secs(300));
         assert!(ok, "{name} with migration failed:\n{out}");
         let mut args = layout.clone();
@@ -161,7 +163,7 @@ fn expert_migration_under_mpirun_preserves_the_loss_curve() {
     assert!(ok, "hot experts failed:\n{out}");
     let first = events(&hot).into_iter().next().expect("the skewed workload is rebalanced");
     let (before, after) = (first["imbalance_before"].as_f64().unwrap(), first["imbalance_after"].as_f64().unwrap());
-    assert!(before > 1.2 && after < before, "imbalance {before} → {after}");
+    assert!(before > 1.1 && after < before, "imbalance {before} → {after} (the plan's threshold is 1.1)");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -211,7 +213,8 @@ fn a_hung_rank_is_named_and_a_dead_rank_ends_the_job() {
     assert!(!ok && out.contains("fault injection: this rank exits"), "{out}");
     // A peer that stops answering while experts move is named by its partner.
     let env = [("PIPER_COMM_TIMEOUT_S", "3"), ("PIPER_FAULT_RANK", "1"), ("PIPER_FAULT", "hang-in-migration")];
-    let args = ["--ep", "2", "--migration-threshold", "1", "--migration-every", "2"];
+    let args =
+        ["--ep", "2", "--migration-threshold", "1", "--migration-every", "2", "--migration-decision", "threshold"];
     let (ok, out) = run(mpirun(2, &env, &args), Duration::from_secs(120));
     assert!(!ok, "the job must fail:\n{out}");
     assert!(

@@ -138,7 +138,10 @@ fn one_process_resumes_bit_exact_and_keeps_the_newest() {
 fn pipelined_expert_parallel_resumes_bit_exact_after_migrations_and_reshards() {
     let dir = scratch("pp2ep2");
     // Forced migrations (threshold 1, a check every 3 steps): the placement differs from the plan's.
-    let run = config(12).with_migration_threshold(Some(1.0)).with_migration_every(Some(3));
+    let run = config(12)
+        .with_migration_threshold(Some(1.0))
+        .with_migration_every(Some(3))
+        .with_migration_decision(runtime::MigrationDecision::Threshold);
     let p4 = plan("tiny", 2, 2, 1, 2, &run);
     let whole = losses(4, "tiny", &p4, &run, Some((&dir, 6)), None);
     let resume = open_resume(&folder(&dir, 6)).unwrap();
@@ -203,7 +206,10 @@ fn exported(ranks: usize, p: &RunPlan, run: &RunConfig, dir: &Path) -> (Tensors,
 #[test]
 fn any_layout_exports_one_hugging_face_model() {
     let dir = scratch("export");
-    let run = config(6).with_migration_threshold(Some(1.0)).with_migration_every(Some(2));
+    let run = config(6)
+        .with_migration_threshold(Some(1.0))
+        .with_migration_every(Some(2))
+        .with_migration_decision(runtime::MigrationDecision::Threshold);
     let (one, spec) = exported(1, &plan("tiny", 1, 1, 1, 2, &run), &run, &dir.join("one"));
     let (four, _) = exported(4, &plan("tiny", 2, 2, 1, 2, &run), &run, &dir.join("four"));
     // The exported config builds the same Burn model as the preset.

@@ -400,7 +400,11 @@ mod migration {
             let ranks = f.layout.gpus() as usize;
             let plan = plan_for(&f, ranks, &base).unwrap();
             let off_run = base.clone().with_migration(false);
-            let on_run = base.clone().with_migration_threshold(Some(1.0)).with_migration_every(Some(3));
+            let on_run = base
+                .clone()
+                .with_migration_threshold(Some(1.0))
+                .with_migration_every(Some(3))
+                .with_migration_decision(runtime::MigrationDecision::Threshold);
             let off = LocalWorld::run(ranks, |c| run_with(&c, &plan, &off_run, zero_router));
             let on = LocalWorld::run(ranks, |c| run_with(&c, &plan, &on_run, zero_router));
             let events: Vec<_> =

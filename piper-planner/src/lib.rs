@@ -18,6 +18,7 @@ pub mod layout;
 pub mod limits;
 pub mod memory;
 pub mod migration;
+pub mod migration_payoff;
 pub mod model;
 pub mod paper;
 pub mod planner;

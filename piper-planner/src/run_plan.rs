@@ -141,8 +141,9 @@ impl RunPlan {
             dtype: dtype.to_string(),
             stages,
             expert_placement: (0..experts).map(|e| e / per_rank).collect(),
-            // The paper gives no values; these are Piper's defaults (docs/parallel.md#expert-migration).
-            migration: MigrationPolicy { threshold: 1.2, check_every_steps: 100, max_swaps: per_rank.max(1) * 2 },
+            // The paper gives no values; these are Piper's defaults (docs/parallel.md#expert-migration): a
+            // threshold of 1.1, since a move also needs the imbalance to persist and to pay.
+            migration: MigrationPolicy { threshold: 1.1, check_every_steps: 100, max_swaps: per_rank.max(1) * 2 },
             predicted: Predicted {
                 step_time_s: c.step_time_s,
                 mfu: c.mfu,

@@ -11,7 +11,7 @@ use piper_planner::platform::Platform;
 use piper_planner::run_plan::RunPlan;
 
 use super::checkpoint::{CheckpointSettings, Resume, open_resume};
-use super::config::{AuxLossScope, RunConfig};
+use super::config::{AuxLossScope, MigrationDecision, RunConfig};
 use super::error::{Result, RuntimeError};
 use super::plan::{LayoutFlags, check_plan, plan_auto, plan_from_flags};
 use super::report::ReportOptions;
@@ -113,6 +113,11 @@ pub struct RunArgs {
     /// Overrides the policy's steps between checks.
     #[arg(long)]
     pub migration_every: Option<usize>,
+    /// When a check moves experts: `payoff` when the imbalance has held at two checks in a row and the
+    /// move pays for itself within four windows; `threshold` whenever the window exceeds the threshold
+    /// (the paper's rule).
+    #[arg(long, value_parser = ["payoff", "threshold"], default_value = "payoff")]
+    pub migration_decision: String,
     /// A skewed workload `K:FACTOR`: experts 0..K−1 of every MoE layer draw about FACTOR× their balanced
     /// share of tokens (a fixed router bias), so migration has something to do.
     #[arg(long, value_name = "K:FACTOR")]
@@ -234,7 +239,11 @@ impl RunArgs {
             .with_seed(self.seed)
             .with_migration(self.migration == "plan")
             .with_migration_threshold(self.migration_threshold)
-            .with_migration_every(self.migration_every);
+            .with_migration_every(self.migration_every)
+            .with_migration_decision(match self.migration_decision.as_str() {
+                "threshold" => MigrationDecision::Threshold,
+                _ => MigrationDecision::Payoff,
+            });
         let config = match self.hot_experts.as_deref() {
             Some(text) => {
                 let (k, f) = parse_hot_experts(text)?;

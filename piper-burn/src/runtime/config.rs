@@ -20,6 +20,17 @@ pub enum AuxLossScope {
     MicroBatch,
 }
 
+/// How expert migration decides to move (see `piper_planner::migration_payoff`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MigrationDecision {
+    /// When the imbalance has held at two checks in a row (in the window and in the smoothed load) and
+    /// the step time saved within four windows exceeds the move's cost.
+    Payoff,
+    /// At any check whose window exceeds the threshold (the paper's rule: no persistence, no payoff).
+    Threshold,
+}
+
 /// Optimisation settings of a run.
 #[derive(Config, Debug)]
 pub struct RunConfig {
@@ -65,6 +76,8 @@ pub struct RunConfig {
     /// Overrides the plan's steps between migration checks.
     #[config(default = "None")]
     pub migration_every: Option<usize>,
+    #[config(default = "MigrationDecision::Payoff")]
+    pub migration_decision: MigrationDecision,
     /// A skewed workload: experts `0..hot_experts` of every MoE layer draw about `hot_factor` times
     /// their balanced share of tokens (a fixed router bias; 0: off).
     #[config(default = 0)]

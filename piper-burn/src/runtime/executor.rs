@@ -80,7 +80,7 @@ fn run_steps(
             profile::start_window();
         }
         let (mut metrics, counts) = rank.train_step(job, corpus, step)?;
-        metrics.migration = rank.migrate(job, &counts)?;
+        metrics.migration = rank.migrate(job, step, &counts)?;
         metrics.checkpoint = rank.save_if_due(job, corpus, step)?;
         if step >= profile_from {
             out.profiled_seconds += metrics.step_time_s;

@@ -1,6 +1,8 @@
 //! Expert migration at run time (Piper §VI-A): watch the tokens each expert receives, and when an
-//! expert group's ranks are imbalanced beyond the policy's threshold, move the fewest experts — weights
-//! and AdamW moments — between the ranks of the group, as the planner's hill climbing decides.
+//! expert group's ranks stay imbalanced beyond the policy's threshold and a move pays for itself
+//! (`piper_planner::migration_payoff`: the imbalance holds over consecutive windows, and the step time
+//! saved over the horizon exceeds the move's cost), move the fewest experts — weights and AdamW moments —
+//! between the ranks of the group, as the planner's hill climbing decides on the smoothed load.
 //!
 //! Every rank sees the same counts (all-reduced each step over the world) and runs the same
 //! deterministic decision, so no coordination round is needed; debug builds check a fingerprint of
@@ -15,8 +17,10 @@ use burn::prelude::*;
 use piper_comm::Communicator;
 use piper_comm::communicator::{MAX_USER_TAG, Pending, wait_all};
 use piper_planner::layout::Layout;
-use piper_planner::migration::{Migration, rebalance};
+use piper_planner::migration::Migration;
+use piper_planner::migration_payoff::{LayerEvidence, PayoffSettings, Verdict};
 
+use super::config::MigrationDecision;
 use super::error::{Result, RuntimeError, host_f32};
 use super::fault;
 use super::fingerprint::check_ranks_agree;
@@ -41,18 +45,69 @@ pub struct MigrationSettings {
     /// Bytes moved per expert (weights and both moments) and the link bandwidth, for the prediction.
     pub bytes_per_expert: f64,
     pub link_gbs: f64,
+    /// Seconds one routed token costs the rank holding its expert (forward and backward), from the
+    /// platform: what a move saves per token taken off the busiest rank.
+    pub seconds_per_token: f64,
+    pub decision: MigrationDecision,
 }
 
-/// Counts over the window and the decision.
+impl MigrationSettings {
+    /// Checks in a row the imbalance must hold before a move.
+    pub const PERSIST_WINDOWS: u32 = 2;
+    /// Weight of the newest window in the smoothed load.
+    pub const SMOOTHING: f64 = 0.5;
+    /// Windows a move must pay for itself within.
+    pub const HORIZON_WINDOWS: usize = 4;
+
+    /// The decision's settings (`piper_planner::migration_payoff`); the threshold rule is the same
+    /// decision on the window alone (no smoothing, one check) with a horizon no move fails to pay within.
+    pub fn payoff(&self) -> PayoffSettings {
+        let payoff = PayoffSettings {
+            threshold: self.threshold,
+            persist_windows: Self::PERSIST_WINDOWS,
+            smoothing: Self::SMOOTHING,
+            seconds_per_token: self.seconds_per_token,
+            horizon_steps: (Self::HORIZON_WINDOWS * self.check_every_steps) as f64,
+            fixed_cost_s: 0.0,
+        };
+        match self.decision {
+            MigrationDecision::Payoff => payoff,
+            MigrationDecision::Threshold => {
+                PayoffSettings { persist_windows: 1, smoothing: 1.0, horizon_steps: 1e12, ..payoff }
+            }
+        }
+    }
+}
+
+/// Counts over the window, the evidence across windows, and the decision.
 pub struct Migrator {
     pub settings: MigrationSettings,
     window: Vec<Vec<f64>>,
     steps_in_window: usize,
+    evidence: Vec<LayerEvidence>,
+}
+
+/// Where the run is when a window closes: this stage's first MoE layer, the ranks per stage (the
+/// events' times are their mean) and the steps left in the run.
+pub struct Progress {
+    pub first_moe: usize,
+    pub stage_ranks: usize,
+    pub steps_left: usize,
 }
 
 impl Migrator {
     pub fn new(settings: MigrationSettings, num_moe_layers: usize, experts: usize) -> Self {
-        Migrator { settings, window: vec![vec![0.0; experts]; num_moe_layers], steps_in_window: 0 }
+        Migrator {
+            settings,
+            window: vec![vec![0.0; experts]; num_moe_layers],
+            steps_in_window: 0,
+            evidence: vec![LayerEvidence::default(); num_moe_layers],
+        }
+    }
+
+    /// The policy's evidence per MoE layer (for a checkpoint).
+    pub fn evidence(&self) -> &[LayerEvidence] {
+        &self.evidence
     }
 
     /// The counts summed since the last check, and the steps they cover (for a checkpoint).
@@ -60,16 +115,32 @@ impl Migrator {
         (self.steps_in_window, &self.window)
     }
 
-    /// Continues a saved window; the error says when its shape does not fit this model.
-    pub fn restore_window(&mut self, steps: usize, counts: &[Vec<f64>]) -> Result<()> {
+    /// Continues a saved window and evidence (none: a checkpoint from before the policy kept any); the
+    /// error says when their shapes do not fit this model.
+    pub fn restore_window(&mut self, steps: usize, counts: &[Vec<f64>], evidence: &[LayerEvidence]) -> Result<()> {
         if counts.len() != self.window.len() || counts.iter().zip(&self.window).any(|(a, b)| a.len() != b.len()) {
             return Err(RuntimeError::invalid(
                 "the checkpoint's migration window",
                 "does not fit this model's MoE layers",
             ));
         }
+        let sized = |v: &Vec<f64>, n: usize| v.is_empty() || v.len() == n;
+        let fits = evidence.len() == self.window.len()
+            && evidence
+                .iter()
+                .zip(&self.window)
+                .all(|(e, w)| sized(&e.tokens_per_step, w.len()) && sized(&e.last_window, w.len()));
+        if !evidence.is_empty() && !fits {
+            return Err(RuntimeError::invalid(
+                "the checkpoint's migration evidence",
+                "does not fit this model's MoE layers",
+            ));
+        }
         self.window = counts.to_vec();
         self.steps_in_window = steps;
+        if !evidence.is_empty() {
+            self.evidence = evidence.to_vec();
+        }
         Ok(())
     }
 
@@ -83,29 +154,35 @@ impl Migrator {
         self.steps_in_window += 1;
     }
 
-    /// At the end of a window: for each layer whose rank imbalance exceeds the threshold, the planner's
-    /// hill climbing on its expert group. The same on every rank. Starts a new window.
-    pub fn decide(&mut self, placements: &[ExpertPlacement]) -> Result<Vec<(usize, Migration)>> {
+    /// At the end of a window: each layer's evidence takes the window in, and the layers whose
+    /// imbalance has held and whose move pays (with `steps_left` steps to run) get the planner's hill
+    /// climbing on their smoothed load. The same on every rank. Starts a new window.
+    pub fn decide(&mut self, placements: &[ExpertPlacement], steps_left: usize) -> Result<Vec<(usize, Decision)>> {
         if self.steps_in_window < self.settings.check_every_steps {
             return Ok(Vec::new());
         }
+        let (s, payoff) = (&self.settings, self.settings.payoff());
         let mut out = Vec::new();
-        for (layer, (loads, placement)) in self.window.iter().zip(placements).enumerate() {
+        for (layer, ((loads, placement), evidence)) in
+            self.window.iter().zip(placements).zip(&mut self.evidence).enumerate()
+        {
             if placement.ranks() < 2 {
                 continue;
             }
-            let s = &self.settings;
-            let m = rebalance(
-                loads,
-                &placement.ranks_of(),
-                placement.ranks() as u64,
-                s.max_swaps,
-                s.bytes_per_expert,
-                s.link_gbs,
-            )
-            .map_err(|source| RuntimeError::Migration { layer, source })?;
-            if m.imbalance_before > s.threshold && m.experts_moved > 0 {
-                out.push((layer, m));
+            evidence.observe(loads, self.steps_in_window, payoff.smoothing);
+            let verdict = evidence
+                .weigh(
+                    &placement.ranks_of(),
+                    placement.ranks() as u64,
+                    &payoff,
+                    s.max_swaps,
+                    s.bytes_per_expert,
+                    s.link_gbs,
+                    steps_left as f64,
+                )
+                .map_err(|source| RuntimeError::Migration { layer, source })?;
+            if let Verdict::Move { migration, gain_per_step_s, cost_s } = verdict {
+                out.push((layer, Decision { migration, gain_per_step_s, cost_s }));
             }
         }
         for w in self.window.iter_mut() {
@@ -114,6 +191,14 @@ impl Migrator {
         self.steps_in_window = 0;
         Ok(out)
     }
+}
+
+/// A move the policy decided: the planner's swaps, and the step time it is expected to save per step
+/// and to cost once.
+pub struct Decision {
+    pub migration: Migration,
+    pub gain_per_step_s: f64,
+    pub cost_s: f64,
 }
 
 /// Where this rank sits, for the move.
@@ -135,23 +220,24 @@ pub fn migrate(
     optim: &mut AdamW,
     world: &dyn Communicator,
     coords: &GroupCoords,
-    first_moe: usize,
-    stage_ranks: usize,
+    at: Progress,
 ) -> Result<(CausalLm, Vec<MigrationEvent>)> {
-    let decisions = migrator.decide(placements)?;
+    let decisions = migrator.decide(placements, at.steps_left)?;
     if decisions.is_empty() {
         return Ok((model, Vec::new()));
     }
     if cfg!(debug_assertions) {
-        let decided: Vec<(usize, &Vec<u64>)> = decisions.iter().map(|(l, m)| (*l, &m.placement_after)).collect();
+        let decided: Vec<(usize, &Vec<u64>)> =
+            decisions.iter().map(|(l, d)| (*l, &d.migration.placement_after)).collect();
         check_ranks_agree(world, &[("migration decision", format!("{decided:?}"))])?;
     }
     let moe_slots: Vec<usize> =
         model.layers.iter().enumerate().filter(|(_, l)| l.moe.is_some()).map(|(i, _)| i).collect();
     let mut seconds = vec![0.0f32; decisions.len()];
-    for (k, (layer, m)) in decisions.iter().enumerate() {
+    for (k, (layer, d)) in decisions.iter().enumerate() {
+        let m = &d.migration;
         let new = placements[*layer].migrated(&m.placement_after.iter().map(|r| *r as usize).collect::<Vec<_>>())?;
-        if let Some(&i) = layer.checked_sub(first_moe).and_then(|j| moe_slots.get(j)) {
+        if let Some(&i) = layer.checked_sub(at.first_moe).and_then(|j| moe_slots.get(j)) {
             let block = model.layers[i].moe.take().ok_or(RuntimeError::Internal("an MoE layer without its block"))?;
             let (block, secs) = move_experts(block, &placements[*layer], &new, optim, world, coords, *layer)?;
             model.layers[i].moe = Some(block);
@@ -163,15 +249,16 @@ pub fn migrate(
     let events = decisions
         .iter()
         .zip(&seconds)
-        .map(|((layer, m), s)| MigrationEvent {
+        .map(|((layer, d), s)| MigrationEvent {
             layer: *layer,
-            swaps: m.swaps.len(),
-            experts_moved: m.experts_moved,
-            bytes: m.bytes_moved,
-            seconds: *s as f64 / stage_ranks as f64,
-            predicted_seconds: m.time_s,
-            imbalance_before: m.imbalance_before,
-            imbalance_after: m.imbalance_after,
+            swaps: d.migration.swaps.len(),
+            experts_moved: d.migration.experts_moved,
+            bytes: d.migration.bytes_moved,
+            seconds: *s as f64 / at.stage_ranks as f64,
+            predicted_seconds: d.migration.time_s,
+            imbalance_before: d.migration.imbalance_before,
+            imbalance_after: d.migration.imbalance_after,
+            predicted_gain_per_step_s: d.gain_per_step_s,
         })
         .collect();
     Ok((model, events))

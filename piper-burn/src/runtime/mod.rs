@@ -35,7 +35,7 @@ mod stage;
 mod step;
 pub mod threads;
 
-pub use config::{AuxLossScope, RunConfig};
+pub use config::{AuxLossScope, MigrationDecision, RunConfig};
 pub use error::{Result, RuntimeError};
 pub use executor::execute;
 pub use job::{Job, Trained};

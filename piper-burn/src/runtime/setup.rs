@@ -125,7 +125,7 @@ impl<'a> RankRun<'a> {
         self.stage.model = restore(model, &mut self.stage.optim, &self.share, &self.placements, r)?;
         corpus.restore_position(&r.manifest.data).map_err(|e| RuntimeError::file("--resume", &r.folder, e))?;
         if let (Some(m), Some(w)) = (self.migrator.as_mut(), r.manifest.migration_window.as_ref()) {
-            m.restore_window(w.steps as usize, &w.counts)?;
+            m.restore_window(w.steps as usize, &w.counts, &w.evidence)?;
         }
         Ok((r.manifest.step as usize, Some(started.elapsed().as_secs_f64())))
     }
@@ -298,6 +298,22 @@ fn migrator(job: &Job, num_moe_total: usize, experts: usize, ep: usize) -> Resul
         max_swaps: policy.max_swaps,
         bytes_per_expert: expert_bytes(job.spec, 12.0)?,
         link_gbs: job.platform.topology.intra_node_default_gbs,
+        seconds_per_token: seconds_per_routed_token(job, ep)?,
+        decision: run.migration_decision,
     };
+    settings.payoff().validate()?;
     Ok(Some(Migrator::new(settings, num_moe_total, experts)))
+}
+
+/// Seconds one routed token costs the rank holding its expert, forward and backward: 3 × 2·m·d·f FLOPs
+/// at the platform's peak and its expert efficiency for this plan's tokens per expert.
+fn seconds_per_routed_token(job: &Job, ep: usize) -> Result<f64> {
+    let moe = job.spec.moe.as_ref().ok_or(RuntimeError::Internal("migration of a model without MoE layers"))?;
+    let (d, f) = (job.spec.hidden_size, moe.expert.intermediate_size);
+    let ranks_on_node = (job.world.size() as u64).clamp(1, job.platform.gpus_per_node.max(1));
+    let platform = job.platform.for_node_ranks(ranks_on_node);
+    let tokens_per_expert =
+        (job.plan.micro_batch_size * job.plan.seq_len * moe.top_k) as f64 * ep as f64 / moe.num_experts as f64;
+    let rate = platform.peak_flops("fp32")? * platform.experts_efficiency(tokens_per_expert, f, d);
+    Ok(6.0 * moe.expert.matrices() as f64 * (d * f) as f64 / rate)
 }

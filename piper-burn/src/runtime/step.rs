@@ -11,7 +11,7 @@ use piper_planner::migration::imbalance;
 use super::checkpoint::{RunState, save};
 use super::error::{Result, RuntimeError};
 use super::job::Job;
-use super::migration::migrate;
+use super::migration::{Progress, migrate};
 use super::report::{MigrationEvent, SavedCheckpoint, StepMetrics};
 use super::setup::RankRun;
 use super::stage::StepState;
@@ -100,13 +100,13 @@ impl RankRun<'_> {
     }
 
     /// Adds the step's load to the migration window and, at its end, moves the experts it calls for.
-    pub fn migrate(&mut self, job: &Job, counts: &[Vec<usize>]) -> Result<Vec<MigrationEvent>> {
+    pub fn migrate(&mut self, job: &Job, step: usize, counts: &[Vec<usize>]) -> Result<Vec<MigrationEvent>> {
         let Some(migrator) = self.migrator.as_mut() else { return Ok(Vec::new()) };
         migrator.observe(counts);
         let model = self.stage.model.clone();
         let (s, optim) = (&self.stage.shape, &mut self.stage.optim);
-        let (moved, events) =
-            migrate(migrator, model, &mut self.placements, optim, job.world, &self.coords, s.first_moe, s.replicas)?;
+        let at = Progress { first_moe: s.first_moe, stage_ranks: s.replicas, steps_left: job.run.steps - step - 1 };
+        let (moved, events) = migrate(migrator, model, &mut self.placements, optim, job.world, &self.coords, at)?;
         self.stage.model = moved;
         Ok(events)
     }
@@ -120,7 +120,7 @@ impl RankRun<'_> {
         };
         let window = self.migrator.as_ref().map(|m| {
             let (steps, counts) = m.window();
-            MigrationWindow { steps: steps as u64, counts: counts.to_vec() }
+            MigrationWindow { steps: steps as u64, counts: counts.to_vec(), evidence: m.evidence().to_vec() }
         });
         let state = RunState {
             step: step as u64 + 1,

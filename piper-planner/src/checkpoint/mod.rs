@@ -56,12 +56,15 @@ pub struct SavedPlacement {
     pub slot_of: Vec<u64>,
 }
 
-/// Tokens per expert summed since the last migration check, and the steps they cover.
+/// Tokens per expert summed since the last migration check, the steps they cover, and the migration
+/// policy's evidence per MoE layer (empty in checkpoints written before the policy kept any).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MigrationWindow {
     pub steps: u64,
     pub counts: Vec<Vec<f64>>,
+    #[serde(default)]
+    pub evidence: Vec<crate::migration_payoff::LayerEvidence>,
 }
 
 /// One tensor of a shard.

@@ -55,8 +55,12 @@ pub struct MigrationEvent {
     pub seconds: f64,
     /// The planner's cost model (Table IV's): the busiest rank's bytes over the link bandwidth.
     pub predicted_seconds: f64,
+    /// Of the smoothed load the decision weighed (max / mean tokens per rank of the expert group).
     pub imbalance_before: f64,
     pub imbalance_after: f64,
+    /// Step time the move was expected to save per step (the busiest rank's routed tokens taken off,
+    /// times the platform's seconds per routed token); the window after shows what it saved.
+    pub predicted_gain_per_step_s: f64,
 }
 
 /// A checkpoint a step saved: where, how large (all shards and the manifest), how long it took.
