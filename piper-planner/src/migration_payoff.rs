@@ -114,11 +114,12 @@ impl LayerEvidence {
             return Ok(Verdict::NotYetPersistent { imbalance: imb, windows: self.windows_over });
         }
         let m = rebalance(loads, placement, ranks, max_swaps, bytes_per_expert, link_gbs)?;
-        let busiest = |l: &[f64]| l.iter().copied().fold(0.0, f64::max);
+        let busiest = |l: &[f64]| limits::max_or_zero(l.iter().copied());
         let gain_per_step_s = (busiest(&m.rank_loads_before) - busiest(&m.rank_loads_after)) * s.seconds_per_token;
         let gain_s = gain_per_step_s * s.horizon_steps.min(steps_left.max(0.0));
         let cost_s = m.time_s + s.fixed_cost_s;
-        if m.experts_moved == 0 || gain_s <= cost_s {
+        // A gain that is not a number never pays.
+        if m.experts_moved == 0 || gain_s.partial_cmp(&cost_s) != Some(std::cmp::Ordering::Greater) {
             return Ok(Verdict::DoesNotPay { imbalance: imb, gain_s, cost_s });
         }
         self.windows_over = 0;
