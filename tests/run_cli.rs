@@ -128,6 +128,7 @@ fn bad_run_configurations_get_one_line_and_exit_2() {
         (vec!["--plan", "/nonexistent/plan.json"], "--plan /nonexistent/plan.json"),
         (vec!["--plan", foreign.to_str().unwrap()], "not a Piper plan file"),
         (vec!["--grammar-alphabet", "1"], "--grammar-alphabet is 1"),
+        (vec!["--tokenizer", "tests/fixtures/tokenizer/metaspace64.json"], "--tokenizer encodes --data"),
         (vec!["--keep", "0", "--checkpoint-dir", "/tmp"], "--keep is 0"),
         (vec!["--peak-tflops", "1e-300"], "`--peak-tflops` is 1e-300"),
         (vec!["--save-every", "5"], "--save-every needs --checkpoint-dir"),
@@ -212,6 +213,36 @@ fn a_save_killed_midway_leaves_the_previous_checkpoint() {
     );
     let after = (std::fs::read(dir.join("killed.jsonl")).unwrap(), std::fs::read_dir(dir.join("ck")).unwrap().count());
     assert_eq!(before, after, "a refused resume changes nothing");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Fine-tuning on text reads it through the model folder's tokenizer.json (never as bytes into a
+/// vocabulary of other tokens): without one the run is refused and told to pass `--tokenizer`; a
+/// tokenizer whose ids do not fit the model is refused naming both sizes; with the folder's own it trains.
+#[test]
+fn fine_tuning_reads_text_through_the_model_folders_tokenizer() {
+    let dir = hf_folder(V5, "mixtral", false, "tokenizer", 1.0);
+    let text = dir.join("text.txt");
+    std::fs::write(&text, "The router dispatches tokens to experts, and the combine phase returns them.\n".repeat(40))
+        .unwrap();
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer");
+    let train = |extra: &[&str]| {
+        let mut cmd = Command::new(example());
+        cmd.args(["--init-hf", dir.to_str().unwrap(), "--data", text.to_str().unwrap()])
+            .args(["--steps", "3", "--batch-size", "2", "--seq-len", "16", "--no-progress", "--log-every", "1"])
+            .args(extra);
+        run(cmd, Duration::from_secs(120))
+    };
+    let (ok, out) = train(&[]);
+    assert!(!ok && out.contains("no tokenizer.json") && out.contains("--tokenizer FILE"), "{out}");
+    assert!(!out.contains("step "), "work started before the refusal:\n{out}");
+    let big = fixtures.join("bytelevel300.json");
+    let (ok, out) = train(&["--tokenizer", big.to_str().unwrap()]);
+    assert!(!ok && out.contains("holds 300 tokens but the model's vocabulary has 64"), "{out}");
+    std::fs::copy(fixtures.join("metaspace64.json"), dir.join("tokenizer.json")).unwrap();
+    let (ok, out) = train(&[]);
+    assert!(ok, "{out}");
+    assert!(out.contains("tokenizer tokenizer.json") && out.contains("vocabulary 64"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

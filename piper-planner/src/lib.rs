@@ -27,6 +27,7 @@ pub mod run_plan;
 pub mod runtime_work;
 pub mod schedule;
 pub mod split;
+pub mod text;
 pub mod time;
 
 pub use error::{Error, Result};

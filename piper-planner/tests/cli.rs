@@ -571,3 +571,30 @@ fn outputs_that_are_not_regular_files_stay_what_they_were() {
     assert!(dir.is_dir());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `piper tokenizer train` writes a tokenizer.json that reads back with the vocabulary asked for and
+/// round-trips text it never saw; an existing --out is kept unless --overwrite.
+#[test]
+fn tokenizer_train_writes_a_tokenizer_that_round_trips() {
+    let dir = std::env::temp_dir().join(format!("piper-cli-tokenizer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("data.txt");
+    let text = "Each stage holds a share of the layers; the expert group dispatches and combines tokens.\n";
+    std::fs::write(&data, text.repeat(50)).unwrap();
+    let out = dir.join("tokenizer.json");
+    let (d, o) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let run = piper(&["tokenizer", "train", "--vocab", "320", "--data", d, "--out", o]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("byte-level BPE, 320 tokens"));
+    let tok = piper_planner::text::TextTokenizer::from_file(&out, "--tokenizer").unwrap();
+    let unseen = "Pipelines, experts — and ünïcode.";
+    assert_eq!(tok.decode(&tok.encode(unseen).unwrap()).unwrap(), unseen);
+    let before = std::fs::read(&out).unwrap();
+    let e = error_line(&["tokenizer", "train", "--vocab", "300", "--data", d, "--out", o]);
+    assert!(e.contains("exists; pass --overwrite"), "{e}");
+    assert_eq!(std::fs::read(&out).unwrap(), before, "the refused run left --out as it was");
+    let again = piper(&["tokenizer", "train", "--vocab", "300", "--data", d, "--out", o, "--overwrite"]);
+    assert!(again.status.success());
+    assert_eq!(piper_planner::text::TextTokenizer::from_file(&out, "t").unwrap().vocab_size(), 300);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -50,9 +50,14 @@ pub struct RunArgs {
     /// Clip the global gradient norm to this (0: off).
     #[arg(long, default_value_t = 1.0)]
     pub grad_clip: f64,
-    /// Train on this UTF-8 text file (byte-level) instead of the synthetic grammar.
-    #[arg(long)]
+    /// Train on this UTF-8 text file instead of the synthetic grammar: through --tokenizer, else the
+    /// --init-hf folder's tokenizer.json, else as bytes (a model trained from scratch, vocabulary ≥ 256).
+    #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
+    /// The Hugging Face tokenizer.json that encodes --data (e.g. from `piper tokenizer train`); its ids
+    /// must fit the model's vocabulary.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
     #[arg(long, default_value_t = 48)]
     pub grammar_alphabet: usize,
     #[arg(long, default_value_t = 3)]
@@ -286,12 +291,21 @@ impl RunArgs {
         }
     }
 
-    /// The training data (the text file, or the grammar), checked against the model's vocabulary.
+    /// The training data (the text file, tokenized or as bytes, or the grammar), checked against the
+    /// model's vocabulary.
     pub fn corpus(
         &self,
         vocab_size: usize,
     ) -> std::result::Result<Box<dyn crate::corpus::Corpus>, crate::corpus::DataError> {
-        crate::corpus::open(self.data.as_deref(), self.grammar_alphabet, self.grammar_branching, self.seed, vocab_size)
+        let flags = crate::corpus::DataFlags {
+            data: self.data.as_deref(),
+            tokenizer: self.tokenizer.as_deref(),
+            model_folder: self.init_hf.as_deref(),
+            alphabet: self.grammar_alphabet,
+            branching: self.grammar_branching,
+            seed: self.seed,
+        };
+        crate::corpus::open(&flags, vocab_size)
     }
 }
 

@@ -41,6 +41,8 @@ enum Command {
     Validate(commands::validate::Args),
     /// Checkpoints written by the runtime: export one as a Hugging Face model folder.
     Checkpoint(commands::checkpoint::Args),
+    /// Tokenizers for training on text: train a byte-level BPE and write its tokenizer.json.
+    Tokenizer(commands::tokenizer::Args),
     /// The planner against the paper's reported figures: paper value, prediction and ratio for each row
     /// (the 1.7T run, weak scaling, X-MoE comparison, single-layer table, recomputation, HALO, Table IV).
     Paper(commands::paper::Args),
@@ -69,6 +71,7 @@ fn main() {
         Command::Calibrate(a) => commands::calibrate::run(a).map_err(Into::into),
         Command::Validate(a) => commands::validate::run(a).map_err(Into::into),
         Command::Checkpoint(a) => commands::checkpoint::run(a).map_err(Into::into),
+        Command::Tokenizer(a) => commands::tokenizer::run(a).map_err(Into::into),
         Command::Paper(a) => commands::paper::run(a).map_err(Into::into),
     };
     match result {

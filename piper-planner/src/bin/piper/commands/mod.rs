@@ -8,6 +8,7 @@ pub mod model;
 pub mod paper;
 pub mod plan;
 pub mod predict;
+pub mod tokenizer;
 pub mod validate;
 
 use clap::ValueEnum;

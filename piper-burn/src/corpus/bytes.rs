@@ -1,0 +1,56 @@
+//! Any UTF-8 text as bytes: the vocabulary is the 256 byte values.
+
+use std::path::Path;
+
+use super::{Corpus, DataError, Rng, check_position, random_windows, read_text};
+
+/// The vocabulary of byte-level text.
+pub const BYTE_VOCAB: usize = 256;
+
+/// Any UTF-8 text as bytes (vocabulary 256); batches are random windows.
+#[derive(Clone, Debug)]
+pub struct TextBytes {
+    bytes: Vec<u8>,
+    rng: Rng,
+    name: String,
+}
+
+impl TextBytes {
+    pub fn from_file(path: &Path, seed: u64) -> Result<Self, DataError> {
+        let text = read_text(path)?;
+        if text.len() < 2 {
+            return Err(DataError::Flag {
+                flag: "--data",
+                why: format!("{}: needs at least 2 bytes of text", shown(path)),
+            });
+        }
+        Ok(TextBytes { bytes: text.into_bytes(), rng: Rng::new(seed), name: shown(path) })
+    }
+}
+
+/// A path as printed: escaped (it may hold terminal controls).
+pub(super) fn shown(path: &Path) -> String {
+    path.display().to_string().escape_debug().to_string()
+}
+
+impl Corpus for TextBytes {
+    fn batch(&mut self, batch: usize, seq_len: usize) -> Vec<i64> {
+        random_windows(&self.bytes, &mut self.rng, batch, seq_len)
+    }
+    fn vocab_size(&self) -> usize {
+        BYTE_VOCAB
+    }
+    fn best_loss(&self) -> Option<f64> {
+        None
+    }
+    fn describe(&self) -> String {
+        format!("{} ({} bytes, byte-level tokens)", self.name, self.bytes.len())
+    }
+    fn position(&self) -> serde_json::Value {
+        serde_json::json!({"describe": self.describe(), "rng": self.rng.0})
+    }
+    fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), DataError> {
+        self.rng.0 = check_position(position, &self.describe())?.1;
+        Ok(())
+    }
+}

@@ -1,0 +1,275 @@
+//! Training data: a seeded stochastic grammar whose entropy rate is known (so the best achievable loss
+//! is known), UTF-8 text through a Hugging Face tokenizer, or UTF-8 text as bytes.
+
+mod bytes;
+mod grammar;
+mod tokens;
+
+use std::path::Path;
+
+use piper_planner::text::TextTokenizer;
+
+pub use bytes::{BYTE_VOCAB, TextBytes};
+pub use grammar::Grammar;
+pub use tokens::TokenizedText;
+
+/// A deterministic random generator (SplitMix64), so a seed gives the same data everywhere.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// Data that cannot be read, or a saved position that belongs to other data.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DataError {
+    /// A data flag that cannot work: the flag, then why and what would.
+    #[error("{flag} {why}")]
+    Flag { flag: &'static str, why: String },
+    #[error("the data position is not an object")]
+    NotAnObject,
+    #[error("the checkpoint was trained on `{saved}`, this run reads `{reads}`: pass the same data flags")]
+    OtherData { saved: String, reads: String },
+    #[error("the data position has no generator state")]
+    NoGeneratorState,
+    #[error("the data position's grammar state does not fit this grammar")]
+    GrammarState,
+}
+
+/// Where training batches come from.
+pub trait Corpus {
+    /// Token ids of `batch` sequences of `seq_len` tokens, row-major.
+    fn batch(&mut self, batch: usize, seq_len: usize) -> Vec<i64>;
+    /// Size of the token space the data uses (ids are below it).
+    fn vocab_size(&self) -> usize;
+    /// The lowest achievable cross-entropy (nats per token), if known.
+    fn best_loss(&self) -> Option<f64>;
+    fn describe(&self) -> String;
+    /// Where the stream stands (its generator state and what it draws from), for a checkpoint.
+    fn position(&self) -> serde_json::Value;
+    /// Continues the stream from a [`Corpus::position`] of the same data; the error says what differs.
+    fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), DataError>;
+}
+
+/// Reads `{"describe": …, "rng": …, extra…}` back: the data must be the one described.
+fn check_position<'a>(
+    position: &'a serde_json::Value,
+    describe: &str,
+) -> Result<(&'a serde_json::Map<String, serde_json::Value>, u64), DataError> {
+    let obj = position.as_object().ok_or(DataError::NotAnObject)?;
+    let saved = obj.get("describe").and_then(|d| d.as_str()).unwrap_or("?");
+    if saved != describe {
+        return Err(DataError::OtherData { saved: saved.into(), reads: describe.into() });
+    }
+    let rng = obj.get("rng").and_then(|r| r.as_u64()).ok_or(DataError::NoGeneratorState)?;
+    Ok((obj, rng))
+}
+
+/// Where a run's data comes from: its flags.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DataFlags<'a> {
+    /// `--data`: a UTF-8 text file.
+    pub data: Option<&'a Path>,
+    /// `--tokenizer`: a Hugging Face tokenizer.json for `data`.
+    pub tokenizer: Option<&'a Path>,
+    /// `--init-hf`: the model's folder; its tokenizer.json encodes `data` unless `tokenizer` is given.
+    pub model_folder: Option<&'a Path>,
+    /// `--grammar-alphabet` and `--grammar-branching` of the synthetic grammar.
+    pub alphabet: usize,
+    pub branching: usize,
+    pub seed: u64,
+}
+
+/// The training data of a run, checked against the model's vocabulary (`vocab_size` rows) before
+/// anything is drawn; the errors name the flags and the fix:
+/// - `--data` with a tokenizer (`--tokenizer`, else the `--init-hf` folder's tokenizer.json): its ids;
+/// - `--data` alone: bytes, for a model trained from scratch (never for a pretrained folder's model,
+///   whose vocabulary is not bytes);
+/// - no `--data`: the seeded grammar.
+pub fn open(flags: &DataFlags, vocab_size: usize) -> Result<Box<dyn Corpus>, DataError> {
+    let tokenizer = match (flags.tokenizer, flags.model_folder) {
+        (Some(file), _) => Some(TextTokenizer::from_file(file, "--tokenizer").map_err(tokenizer_error)?),
+        (None, Some(dir)) if flags.data.is_some() => {
+            TextTokenizer::from_model_folder(dir, "--init-hf").map_err(tokenizer_error)?
+        }
+        _ => None,
+    };
+    let Some(path) = flags.data else {
+        if flags.tokenizer.is_some() {
+            return Err(DataError::Flag {
+                flag: "--tokenizer",
+                why: "encodes --data; pass --data FILE too (the synthetic grammar has its own symbols)".into(),
+            });
+        }
+        return grammar(flags, vocab_size);
+    };
+    match (tokenizer, flags.model_folder) {
+        (Some(t), _) => {
+            t.check_fits(vocab_size, "--tokenizer").map_err(tokenizer_error)?;
+            Ok(Box::new(TokenizedText::from_file(path, &t, flags.seed)?))
+        }
+        (None, Some(dir)) => Err(DataError::Flag {
+            flag: "--data",
+            why: format!(
+                "would be read as bytes, but the model of {} has its own vocabulary of {vocab_size} tokens and the \
+                 folder has no tokenizer.json: pass --tokenizer FILE (the model's tokenizer.json)",
+                bytes::shown(dir)
+            ),
+        }),
+        (None, None) if vocab_size < BYTE_VOCAB => Err(DataError::Flag {
+            flag: "--data",
+            why: format!(
+                "is read as bytes (vocabulary {BYTE_VOCAB}) but the model's vocabulary has {vocab_size}: pass \
+                 --tokenizer FILE (e.g. from `piper tokenizer train --vocab {vocab_size}`), or use a model whose \
+                 vocab_size is at least {BYTE_VOCAB}"
+            ),
+        }),
+        (None, None) => Ok(Box::new(TextBytes::from_file(path, flags.seed)?)),
+    }
+}
+
+fn tokenizer_error(e: piper_planner::Error) -> DataError {
+    DataError::Flag { flag: "--tokenizer", why: e.to_string() }
+}
+
+/// The seeded grammar, its sizes checked against the vocabulary.
+fn grammar(flags: &DataFlags, vocab_size: usize) -> Result<Box<dyn Corpus>, DataError> {
+    let (alphabet, branching) = (flags.alphabet, flags.branching);
+    if !(2..=vocab_size).contains(&alphabet) {
+        return Err(DataError::Flag {
+            flag: "--grammar-alphabet",
+            why: format!("is {alphabet}; it must be in 2..={vocab_size} (the model's vocabulary)"),
+        });
+    }
+    if !(1..=alphabet).contains(&branching) {
+        return Err(DataError::Flag {
+            flag: "--grammar-branching",
+            why: format!("is {branching}; it must be in 1..={alphabet} (the alphabet)"),
+        });
+    }
+    Ok(Box::new(Grammar::new(alphabet, branching, flags.seed)))
+}
+
+/// A `--data` file's text; one that cannot be read or is not UTF-8 is refused by name.
+fn read_text(path: &Path) -> Result<String, DataError> {
+    let refuse = |why: String| DataError::Flag { flag: "--data", why: format!("{}: {why}", bytes::shown(path)) };
+    let raw = std::fs::read(path).map_err(|e| refuse(e.to_string()))?;
+    String::from_utf8(raw).map_err(|e| {
+        refuse(format!("not UTF-8 text (invalid byte at offset {}); convert it to UTF-8", e.utf8_error().valid_up_to()))
+    })
+}
+
+/// `batch` windows of `seq_len` tokens at random starts (wrapping past the end of a short text).
+fn random_windows<T: Copy + Into<i64>>(tokens: &[T], rng: &mut Rng, batch: usize, seq_len: usize) -> Vec<i64> {
+    let n = tokens.len();
+    let mut out = Vec::with_capacity(batch * seq_len);
+    for _ in 0..batch {
+        let start = if n > seq_len { rng.below(n - seq_len) } else { 0 };
+        out.extend((0..seq_len).map(|i| tokens[(start + i) % n].into()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer").join(name)
+    }
+
+    /// A scratch text file (and folder) removed on drop.
+    struct Scratch(std::path::PathBuf);
+    impl Scratch {
+        fn new(tag: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("piper-corpus-{tag}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("text.txt"), "The router dispatches tokens to experts. ".repeat(30)).unwrap();
+            Scratch(dir)
+        }
+        fn text(&self) -> std::path::PathBuf {
+            self.0.join("text.txt")
+        }
+    }
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn refusal(flags: &DataFlags, vocab: usize) -> String {
+        match open(flags, vocab) {
+            Ok(c) => panic!("opened {}", c.describe()),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn text_goes_through_the_tokenizer_it_is_given() {
+        let s = Scratch::new("tok");
+        let (text, tok) = (s.text(), fixture("metaspace64.json"));
+        let flags = DataFlags { data: Some(&text), tokenizer: Some(&tok), ..Default::default() };
+        let mut c = open(&flags, 64).unwrap();
+        assert_eq!(c.vocab_size(), 64);
+        assert!(c.describe().contains("tokenizer metaspace64.json"), "{}", c.describe());
+        let want =
+            TextTokenizer::from_file(&tok, "t").unwrap().encode(&std::fs::read_to_string(&text).unwrap()).unwrap();
+        // Every window is a run of the text's ids.
+        let batch = c.batch(3, 16);
+        for w in batch.chunks(16) {
+            let w: Vec<u32> = w.iter().map(|i| *i as u32).collect();
+            assert!(want.windows(16).any(|x| x == w.as_slice()), "window {w:?} is not in the text");
+        }
+    }
+
+    #[test]
+    fn the_model_folders_tokenizer_is_used_and_its_absence_refused() {
+        let s = Scratch::new("folder");
+        let text = s.text();
+        let flags = DataFlags { data: Some(&text), model_folder: Some(&s.0), ..Default::default() };
+        let e = refusal(&flags, 64);
+        assert!(e.starts_with("--data ") && e.contains("no tokenizer.json") && e.contains("--tokenizer FILE"), "{e}");
+        std::fs::copy(fixture("metaspace64.json"), s.0.join("tokenizer.json")).unwrap();
+        assert!(open(&flags, 64).unwrap().describe().contains("tokenizer tokenizer.json"));
+    }
+
+    #[test]
+    fn mismatched_vocabularies_are_refused_naming_both_sizes() {
+        let s = Scratch::new("sizes");
+        let (text, big) = (s.text(), fixture("bytelevel300.json"));
+        let e = refusal(&DataFlags { data: Some(&text), tokenizer: Some(&big), ..Default::default() }, 64);
+        assert!(e.starts_with("--tokenizer ") && e.contains("300 tokens") && e.contains("has 64"), "{e}");
+        let e = refusal(&DataFlags { data: Some(&text), ..Default::default() }, 64);
+        assert!(e.contains("bytes (vocabulary 256)") && e.contains("has 64"), "{e}");
+        let e = refusal(&DataFlags { tokenizer: Some(&big), alphabet: 8, branching: 2, ..Default::default() }, 300);
+        assert!(e.contains("pass --data FILE"), "{e}");
+        assert_eq!(open(&DataFlags { data: Some(&text), ..Default::default() }, 256).unwrap().vocab_size(), 256);
+    }
+
+    #[test]
+    fn a_resumed_run_must_tokenize_alike() {
+        let s = Scratch::new("resume");
+        let text = s.text();
+        let (small, big) = (fixture("metaspace64.json"), fixture("bytelevel300.json"));
+        let a = open(&DataFlags { data: Some(&text), tokenizer: Some(&small), ..Default::default() }, 300).unwrap();
+        let mut b = open(&DataFlags { data: Some(&text), tokenizer: Some(&big), ..Default::default() }, 300).unwrap();
+        assert!(b.restore_position(&a.position()).unwrap_err().to_string().contains("trained on"));
+    }
+}
