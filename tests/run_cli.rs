@@ -216,6 +216,26 @@ fn a_save_killed_midway_leaves_the_previous_checkpoint() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A batch job's output (stdout and stderr to a pipe, progress bar asked for): every line the bar would
+/// carry is printed plainly — the run's description, checkpoints and the step lines at --log-every.
+#[test]
+fn without_a_terminal_the_bars_lines_are_printed_plainly() {
+    let dir = common::scratch("batch-output");
+    let mut cmd = Command::new(example());
+    // COMMON without its --no-progress and --log-every: the bar is asked for.
+    let at = COMMON.iter().position(|a| *a == "--no-progress").unwrap();
+    cmd.args(&COMMON[..at]).args(&COMMON[at + 3..]);
+    cmd.args(["--log-every", "5", "--checkpoint-dir", dir.to_str().unwrap(), "--save-every", "10"]);
+    let (ok, out) = run(cmd, Duration::from_secs(120));
+    assert!(ok, "{out}");
+    assert!(out.contains("plan (local platform)") && out.contains("data: synthetic"), "{out}");
+    for step in [0, 5, 10, 15, 19] {
+        assert!(out.contains(&format!("step {step:>5}  loss ")), "no line for step {step}:\n{out}");
+    }
+    assert_eq!(out.matches("  checkpoint: ").count(), 2, "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Fine-tuning on text reads it through the model folder's tokenizer.json (never as bytes into a
 /// vocabulary of other tokens): without one the run is refused and told to pass `--tokenizer`; a
 /// tokenizer whose ids do not fit the model is refused naming both sizes; with the folder's own it trains.

@@ -76,7 +76,7 @@ pub struct RunArgs {
     /// A log line every N steps (0: none).
     #[arg(long, default_value_t = 50)]
     pub log_every: usize,
-    /// Plain log lines instead of a progress bar.
+    /// Plain log lines instead of a progress bar (without a terminal the lines are always plain).
     #[arg(long)]
     pub no_progress: bool,
     /// Print where the steady steps' time goes (rank 0): per phase and per fused operation, with GFLOP/s.

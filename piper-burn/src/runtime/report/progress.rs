@@ -1,6 +1,8 @@
 //! The progress of a run on rank 0: a progress bar (loss, tokens/s, GFLOP/s, MFU) with the run's lines
-//! in its scroll-back, or plain lines every `--log-every` steps; and the `--metrics` file.
+//! in its scroll-back when stderr is a terminal, else the same lines plainly on stdout (a batch job's
+//! log keeps every one); step lines every `--log-every` steps; and the `--metrics` file.
 
+use std::io::IsTerminal as _;
 use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -15,7 +17,7 @@ pub struct ReportOptions {
     pub metrics: Option<PathBuf>,
     /// A log line every N steps (0: none).
     pub log_every: usize,
-    /// A progress bar (else plain lines).
+    /// A progress bar where stderr is a terminal (else plain lines).
     pub progress: bool,
     /// The first step this run trains (a resumed run's): an existing metrics file keeps its lines of
     /// earlier steps and continues after them.
@@ -38,7 +40,9 @@ impl Reporter {
         let lead = rank == 0;
         let metrics = options.metrics.clone().filter(|_| lead).map(|p| MetricsFile::new(p, options.first_step));
         let metrics = metrics.transpose()?;
-        let bar = if options.progress && lead { ProgressBar::new(steps as u64) } else { ProgressBar::hidden() };
+        // Without a terminal indicatif hides the bar and drops the lines printed through it.
+        let show_bar = options.progress && lead && std::io::stderr().is_terminal();
+        let bar = if show_bar { ProgressBar::new(steps as u64) } else { ProgressBar::hidden() };
         bar.set_position(options.first_step as u64);
         bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"));
         Ok(Reporter { lead, steps, bar, metrics, options })
@@ -47,7 +51,7 @@ impl Reporter {
     /// Rank 0: a line in the bar's scroll-back (or on stdout without a bar).
     pub fn println(&self, line: &str) {
         if self.lead {
-            if self.options.progress { self.bar.println(line) } else { println!("{line}") }
+            if self.bar.is_hidden() { println!("{line}") } else { self.bar.println(line) }
         }
     }
 
