@@ -80,8 +80,9 @@ fn solve_subset(rows: &[Row], picked: &[usize]) -> Option<Vec<f64>> {
         for row in 0..k {
             if row != col {
                 let f = m[row][col] / m[col][col];
-                for c in col..=k {
-                    m[row][c] -= f * m[col][c];
+                let pivot_row = m[col].clone();
+                for (x, p) in m[row].iter_mut().zip(&pivot_row).skip(col).take(k + 1 - col) {
+                    *x -= f * p;
                 }
             }
         }

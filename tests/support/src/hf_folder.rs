@@ -37,7 +37,9 @@ pub fn hf_folder(version: &str, name: &str, bf16: bool, test: &str, scale: f32) 
         weights.insert(name.to_string(), (view.shape().to_vec(), encoded));
     }
     let dtype = if bf16 { Dtype::BF16 } else { Dtype::F32 };
-    let write = |file: &str, part: &[(&String, &(Vec<usize>, Vec<u8>))]| {
+    /// A tensor's name, then its shape and encoded bytes.
+    type Entry<'a> = (&'a String, &'a (Vec<usize>, Vec<u8>));
+    let write = |file: &str, part: &[Entry]| {
         let views: Vec<(String, TensorView)> =
             part.iter().map(|(n, (s, b))| (n.to_string(), TensorView::new(dtype, s.clone(), b).unwrap())).collect();
         safetensors::serialize_to_file(views, None, &dir.join(file)).unwrap();
