@@ -61,7 +61,7 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), Box<dyn std
     let ResolvedRun { spec, platform, config, plan, checkpoint, resume, init_hf } = a.run.resolve(world.size())?;
     let mut model = CausalLmConfig::from_spec(&spec)?;
     model.zero_router = a.run.zero_router;
-    let mut corpus = a.run.corpus(model.vocab_size)?;
+    let mut corpus = a.run.corpus(model.vocab_size, &config)?;
     let device = device(a.backend)?;
     let topo = Topology::detect(world)?;
     let peak_flops = a.run.peak_tflops.map_or_else(|| runtime::measure_peak_flops(&device), |t| t * 1e12);
@@ -113,6 +113,9 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), Box<dyn std
             "first loss {:.4}, final loss (mean of the last steps) {:.4}{gap}",
             summary.first_loss, summary.final_loss
         );
+        if let Some(l) = summary.eval_loss {
+            println!("held-out loss {l:.4} (perplexity {:.2}) after the last step", l.exp());
+        }
         let mfu = 100.0 * summary.mfu_measured_peak;
         println!("median {:.0} tokens/s, MFU {mfu:.1}% of the measured peak × ranks", summary.tokens_per_s);
         if let Some(path) = &a.run.summary {

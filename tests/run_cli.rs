@@ -129,6 +129,8 @@ fn bad_run_configurations_get_one_line_and_exit_2() {
         (vec!["--plan", foreign.to_str().unwrap()], "not a Piper plan file"),
         (vec!["--grammar-alphabet", "1"], "--grammar-alphabet is 1"),
         (vec!["--tokenizer", "tests/fixtures/tokenizer/metaspace64.json"], "--tokenizer encodes --data"),
+        (vec!["--eval-every", "5", "--eval-tokens", "0"], "--eval-tokens is 0"),
+        (vec!["--data", "README.md", "--eval-every", "5", "--eval-tokens", "100000000"], "--eval-tokens holds out"),
         (vec!["--keep", "0", "--checkpoint-dir", "/tmp"], "--keep is 0"),
         (vec!["--peak-tflops", "1e-300"], "`--peak-tflops` is 1e-300"),
         (vec!["--save-every", "5"], "--save-every needs --checkpoint-dir"),
@@ -233,6 +235,31 @@ fn without_a_terminal_the_bars_lines_are_printed_plainly() {
         assert!(out.contains(&format!("step {step:>5}  loss ")), "no line for step {step}:\n{out}");
     }
     assert_eq!(out.matches("  checkpoint: ").count(), 2, "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--eval-every`: the held-out loss after steps 9 and 19 in the output, in the metrics lines
+/// (`eval_loss`) and, the last one, in the summary.
+#[test]
+fn evaluations_reach_the_output_the_metrics_and_the_summary() {
+    let dir = common::scratch("eval");
+    let (metrics, summary) = (dir.join("m.jsonl"), dir.join("s.json"));
+    let mut cmd = Command::new(example());
+    cmd.args(COMMON).args(["--eval-every", "10", "--eval-tokens", "300"]);
+    cmd.args(["--metrics", metrics.to_str().unwrap(), "--summary", summary.to_str().unwrap()]);
+    let (ok, out) = run(cmd, Duration::from_secs(120));
+    assert!(ok, "{out}");
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let evals: Vec<(u64, f64)> = lines
+        .iter()
+        .filter_map(|l| l.get("eval_loss").map(|e| (l["step"].as_u64().unwrap(), e.as_f64().unwrap())))
+        .collect();
+    assert_eq!(evals.iter().map(|e| e.0).collect::<Vec<_>>(), vec![9, 19], "{out}");
+    assert!(evals.iter().all(|e| e.1.is_finite() && e.1 > 0.0) && evals[1].1 < evals[0].1, "{evals:?}");
+    assert!(out.contains(&format!("step    19  held-out loss {:.4}", evals[1].1)), "{out}");
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!(s["eval_loss"].as_f64(), Some(evals[1].1));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -150,6 +150,51 @@ fn every_layout_equals_one_process_with_default_flags() {
     }
 }
 
+/// Evaluation on the held-out split (`--eval-every`): after the last step it is the trained model's mean
+/// cross-entropy on the held-out rows computed outside the runtime (one forward of them all); every
+/// layout gives the one-process figures (1e-4, as training does); training with evaluations is training
+/// without them, bit for bit.
+#[test]
+fn evaluation_is_the_trained_models_held_out_loss_on_every_layout() {
+    use piper_burn::corpus::Corpus as _;
+    let run = config().with_steps(6).with_eval_every(4).with_eval_tokens(200);
+    assert_eq!(run.eval_sequences(), 16, "two global batches of 8");
+    let evals = |m: &[StepMetrics]| m.iter().filter_map(|m| m.eval_loss.map(|l| (m.step, l))).collect::<Vec<_>>();
+    let plan = plan_for(&LayoutFlags::single(), 1, &run).unwrap();
+    let trained = execute(&LocalComm::single(), &plan, &run, 1, false).unwrap();
+    let single = evals(&trained.metrics);
+    assert_eq!(single.iter().map(|e| e.0).collect::<Vec<_>>(), vec![3, 5]);
+    let mut grammar = Grammar::new(32, 3, 9);
+    grammar.hold_out(16, 16).unwrap();
+    let ids_bs = Tensor::<2, Int>::from_data(TensorData::new(grammar.held_out().to_vec(), [16, 16]), &Device::flex());
+    let model = &trained.model;
+    let (h_bsd, _) = model.forward_layers(model.embed_tokens(ids_bs.clone().narrow(1, 0, 15)), 0..model.layers.len());
+    let reference = model.cross_entropy(model.head(h_bsd), ids_bs.narrow(1, 1, 15)).into_scalar::<f32>() as f64;
+    assert_close("held-out loss after the last step", &[single[1].1], &[reference], 1e-5);
+    assert_eq!(losses_and_norms(&trained.metrics), {
+        let quiet = run.clone().with_eval_every(0);
+        losses_and_norms(
+            &train(&LocalComm::single(), &plan_for(&LayoutFlags::single(), 1, &quiet).unwrap(), &quiet, 1).unwrap(),
+        )
+    });
+    for f in
+        [flags(2, 2, 1, 2, Schedule::OneFOneB, A2aAlgo::Flat), flags(1, 2, 2, 1, Schedule::OneFOneB, A2aAlgo::Halo)]
+    {
+        let ranks = f.layout.gpus() as usize;
+        let plan = plan_for(&f, ranks, &run).unwrap();
+        let runs = LocalWorld::run(ranks, |c| evals(&train(&c, &plan, &run, 2).unwrap()));
+        assert!(runs.iter().all(|r| r == &runs[0]), "every rank reports the same held-out losses");
+        let single_m = evals(&{
+            let p =
+                plan_for(&LayoutFlags { micro_batches: f.micro_batches, ..LayoutFlags::single() }, 1, &run).unwrap();
+            train(&LocalComm::single(), &p, &run, 1).unwrap()
+        });
+        let flat = |v: &[(usize, f64)]| v.iter().map(|e| e.1).collect::<Vec<f64>>();
+        let worst = assert_close(&format!("{:?} held-out", f.layout), &flat(&runs[0]), &flat(&single_m), 1e-4);
+        eprintln!("{:?}: held-out losses vs one process, worst relative difference {worst:e}", f.layout);
+    }
+}
+
 fn losses_and_norms(metrics: &[StepMetrics]) -> Vec<(f64, f64)> {
     metrics.iter().map(|m| (m.loss, m.grad_norm)).collect()
 }

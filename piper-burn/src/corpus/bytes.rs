@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use super::{Corpus, DataError, Rng, check_position, random_windows, read_text};
+use super::{Corpus, DataError, Rng, check_position, random_windows, read_text, split_tail};
 
 /// The vocabulary of byte-level text.
 pub const BYTE_VOCAB: usize = 256;
@@ -13,6 +13,7 @@ pub struct TextBytes {
     bytes: Vec<u8>,
     rng: Rng,
     name: String,
+    held_out: Vec<i64>,
 }
 
 impl TextBytes {
@@ -24,7 +25,7 @@ impl TextBytes {
                 why: format!("{}: needs at least 2 bytes of text", shown(path)),
             });
         }
-        Ok(TextBytes { bytes: text.into_bytes(), rng: Rng::new(seed), name: shown(path) })
+        Ok(TextBytes { bytes: text.into_bytes(), rng: Rng::new(seed), name: shown(path), held_out: Vec::new() })
     }
 }
 
@@ -44,7 +45,12 @@ impl Corpus for TextBytes {
         None
     }
     fn describe(&self) -> String {
-        format!("{} ({} bytes, byte-level tokens)", self.name, self.bytes.len())
+        let held = if self.held_out.is_empty() {
+            String::new()
+        } else {
+            format!(", the next {} held out", self.held_out.len())
+        };
+        format!("{} ({} bytes, byte-level tokens{held})", self.name, self.bytes.len())
     }
     fn position(&self) -> serde_json::Value {
         serde_json::json!({"describe": self.describe(), "rng": self.rng.0})
@@ -52,5 +58,12 @@ impl Corpus for TextBytes {
     fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), DataError> {
         self.rng.0 = check_position(position, &self.describe())?.1;
         Ok(())
+    }
+    fn hold_out(&mut self, sequences: usize, len: usize) -> Result<(), DataError> {
+        self.held_out = split_tail(&mut self.bytes, sequences, len, "bytes")?;
+        Ok(())
+    }
+    fn held_out(&self) -> &[i64] {
+        &self.held_out
     }
 }

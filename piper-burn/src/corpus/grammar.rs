@@ -14,7 +14,12 @@ pub struct Grammar {
     entropy: f64,
     rng: Rng,
     state: (usize, usize),
+    seed: u64,
+    held_out: Vec<i64>,
 }
+
+/// Salt of the held-out stream's seed: the same process, another draw.
+const HELD_OUT_SALT: u64 = 0x0FE7_A1D5_5EED_u64;
 
 impl Grammar {
     pub fn new(alphabet: usize, branching: usize, seed: u64) -> Self {
@@ -62,7 +67,7 @@ impl Grammar {
         }
         let entropy = (0..n).map(|ctx| pi[ctx] * probs_all[ctx].iter().map(|p| -p * p.ln()).sum::<f64>()).sum();
         let state = (rng.below(alphabet), rng.below(alphabet));
-        Grammar { alphabet, rules, entropy, rng, state }
+        Grammar { alphabet, rules, entropy, rng, state, seed, held_out: Vec::new() }
     }
 
     /// Entropy rate in nats per token.
@@ -121,6 +126,16 @@ impl Corpus for Grammar {
         }
         self.rng.0 = rng;
         Ok(())
+    }
+    fn hold_out(&mut self, sequences: usize, len: usize) -> Result<(), DataError> {
+        let mut stream = self.clone();
+        stream.rng = Rng::new(self.seed ^ HELD_OUT_SALT);
+        stream.state = (stream.rng.below(self.alphabet), stream.rng.below(self.alphabet));
+        self.held_out = stream.batch(sequences, len);
+        Ok(())
+    }
+    fn held_out(&self) -> &[i64] {
+        &self.held_out
     }
 }
 

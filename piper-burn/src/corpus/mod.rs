@@ -66,6 +66,12 @@ pub trait Corpus {
     fn position(&self) -> serde_json::Value;
     /// Continues the stream from a [`Corpus::position`] of the same data; the error says what differs.
     fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), DataError>;
+    /// Sets `sequences` rows of `len` ids aside for evaluation, before any batch is drawn: a text gives
+    /// its end (training windows no longer reach it; [`Corpus::describe`] says so), the grammar an
+    /// independent stream of the same process. The same data and seed give the same rows.
+    fn hold_out(&mut self, sequences: usize, len: usize) -> Result<(), DataError>;
+    /// The rows set aside, row-major (empty before [`Corpus::hold_out`]).
+    fn held_out(&self) -> &[i64];
 }
 
 /// Reads `{"describe": …, "rng": …, extra…}` back: the data must be the one described.
@@ -176,6 +182,29 @@ fn read_text(path: &Path) -> Result<String, DataError> {
     })
 }
 
+/// Splits the last `sequences · len` tokens off `tokens` as consecutive rows; what stays must still hold
+/// a training window (`len` tokens).
+fn split_tail<T: Copy + Into<i64>>(
+    tokens: &mut Vec<T>,
+    sequences: usize,
+    len: usize,
+    unit: &str,
+) -> Result<Vec<i64>, DataError> {
+    let held = sequences.saturating_mul(len);
+    if held.saturating_add(len) > tokens.len() {
+        return Err(DataError::Flag {
+            flag: "--eval-tokens",
+            why: format!(
+                "holds out {sequences} sequences of {len} {unit} ({held}), but the text has {} and training needs \
+                 {len} more: lower --eval-tokens, or give a longer text",
+                tokens.len()
+            ),
+        });
+    }
+    let rows = tokens.split_off(tokens.len() - held);
+    Ok(rows.into_iter().map(Into::into).collect())
+}
+
 /// `batch` windows of `seq_len` tokens at random starts (wrapping past the end of a short text).
 fn random_windows<T: Copy + Into<i64>>(tokens: &[T], rng: &mut Rng, batch: usize, seq_len: usize) -> Vec<i64> {
     let n = tokens.len();
@@ -261,6 +290,33 @@ mod tests {
         let e = refusal(&DataFlags { tokenizer: Some(&big), alphabet: 8, branching: 2, ..Default::default() }, 300);
         assert!(e.contains("pass --data FILE"), "{e}");
         assert_eq!(open(&DataFlags { data: Some(&text), ..Default::default() }, 256).unwrap().vocab_size(), 256);
+    }
+
+    #[test]
+    fn the_held_out_split_is_the_texts_end_and_training_never_reaches_it() {
+        let s = Scratch::new("held-out");
+        let text = s.text();
+        let flags = DataFlags { data: Some(&text), ..Default::default() };
+        let all: Vec<i64> = std::fs::read(&text).unwrap().into_iter().map(i64::from).collect();
+        let mut c = open(&flags, 256).unwrap();
+        c.hold_out(3, 17).unwrap();
+        assert_eq!(c.held_out(), &all[all.len() - 51..], "the last 3 × 17 bytes, in order");
+        assert!(c.describe().contains("the next 51 held out"), "{}", c.describe());
+        let train = &all[..all.len() - 51];
+        for w in c.batch(200, 17).chunks(17) {
+            assert!(train.windows(17).any(|x| x == w), "a training window reached the held-out tail: {w:?}");
+        }
+        let mut c = open(&flags, 256).unwrap();
+        let e = c.hold_out(100, 17).unwrap_err().to_string();
+        assert!(e.starts_with("--eval-tokens ") && e.contains(&format!("the text has {}", all.len())), "{e}");
+        // The grammar's split is another stream of the same process: the same for the same seed, and
+        // the training stream is the one without a split.
+        let (mut a, mut b) = (Grammar::new(8, 3, 4), Grammar::new(8, 3, 4));
+        a.hold_out(4, 9).unwrap();
+        b.hold_out(4, 9).unwrap();
+        assert_eq!(a.held_out(), b.held_out());
+        assert_eq!(a.batch(2, 9), Grammar::new(8, 3, 4).batch(2, 9));
+        assert_ne!(a.held_out(), &Grammar::new(8, 3, 4).batch(4, 9)[..]);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::path::Path;
 use piper_planner::text::TextTokenizer;
 
 use super::bytes::shown;
-use super::{Corpus, DataError, Rng, check_position, random_windows, read_text};
+use super::{Corpus, DataError, Rng, check_position, random_windows, read_text, split_tail};
 
 /// A text file encoded once by a tokenizer; batches are random windows of its ids.
 #[derive(Clone, Debug)]
@@ -16,6 +16,7 @@ pub struct TokenizedText {
     /// The tokenizer's file name and digest: a resumed run must tokenize alike.
     tokenizer: String,
     vocab_size: usize,
+    held_out: Vec<i64>,
 }
 
 impl TokenizedText {
@@ -35,6 +36,7 @@ impl TokenizedText {
             name: shown(path),
             tokenizer: format!("{} {}", file.escape_debug(), tokenizer.digest()),
             vocab_size: tokenizer.vocab_size(),
+            held_out: Vec::new(),
         })
     }
 
@@ -55,8 +57,13 @@ impl Corpus for TokenizedText {
         None
     }
     fn describe(&self) -> String {
+        let held = if self.held_out.is_empty() {
+            String::new()
+        } else {
+            format!(", the next {} held out", self.held_out.len())
+        };
         format!(
-            "{} ({} tokens, tokenizer {}, vocabulary {})",
+            "{} ({} tokens{held}, tokenizer {}, vocabulary {})",
             self.name,
             self.ids.len(),
             self.tokenizer,
@@ -69,5 +76,12 @@ impl Corpus for TokenizedText {
     fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), DataError> {
         self.rng.0 = check_position(position, &self.describe())?.1;
         Ok(())
+    }
+    fn hold_out(&mut self, sequences: usize, len: usize) -> Result<(), DataError> {
+        self.held_out = split_tail(&mut self.ids, sequences, len, "tokens")?;
+        Ok(())
+    }
+    fn held_out(&self) -> &[i64] {
+        &self.held_out
     }
 }

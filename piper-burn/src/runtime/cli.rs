@@ -54,6 +54,13 @@ pub struct RunArgs {
     /// --init-hf folder's tokenizer.json, else as bytes (a model trained from scratch, vocabulary ≥ 256).
     #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
+    /// Evaluate on a held-out split every N steps and after the last (0: off): the end of --data's
+    /// text (training never draws it), or an independent stream of the grammar.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub eval_every: usize,
+    /// Tokens of the held-out split (rounded up to whole global batches).
+    #[arg(long, default_value_t = 8192, value_name = "T")]
+    pub eval_tokens: usize,
     /// The Hugging Face tokenizer.json that encodes --data (e.g. from `piper tokenizer train`); its ids
     /// must fit the model's vocabulary.
     #[arg(long, value_name = "FILE")]
@@ -242,6 +249,8 @@ impl RunArgs {
                 AuxScopeArg::MicroBatch => AuxLossScope::MicroBatch,
             })
             .with_seed(self.seed)
+            .with_eval_every(self.eval_every)
+            .with_eval_tokens(self.eval_tokens)
             .with_migration(self.migration == "plan")
             .with_migration_threshold(self.migration_threshold)
             .with_migration_every(self.migration_every)
@@ -292,10 +301,11 @@ impl RunArgs {
     }
 
     /// The training data (the text file, tokenized or as bytes, or the grammar), checked against the
-    /// model's vocabulary.
+    /// model's vocabulary, with the held-out split `run` evaluates on set aside.
     pub fn corpus(
         &self,
         vocab_size: usize,
+        run: &RunConfig,
     ) -> std::result::Result<Box<dyn crate::corpus::Corpus>, crate::corpus::DataError> {
         let flags = crate::corpus::DataFlags {
             data: self.data.as_deref(),
@@ -305,7 +315,11 @@ impl RunArgs {
             branching: self.grammar_branching,
             seed: self.seed,
         };
-        crate::corpus::open(&flags, vocab_size)
+        let mut corpus = crate::corpus::open(&flags, vocab_size)?;
+        if run.eval_every > 0 {
+            corpus.hold_out(run.eval_sequences(), run.seq_len + 1)?;
+        }
+        Ok(corpus)
     }
 }
 

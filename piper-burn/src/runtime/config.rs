@@ -84,7 +84,16 @@ pub struct RunConfig {
     pub hot_experts: usize,
     #[config(default = 1.0)]
     pub hot_factor: f64,
+    /// Evaluate on the held-out split every N steps and after the last one (0: off).
+    #[config(default = 0)]
+    pub eval_every: usize,
+    /// Tokens of the held-out split, rounded up to whole global batches of `seq_len`-token sequences.
+    #[config(default = 8192)]
+    pub eval_tokens: usize,
 }
+
+/// The largest held-out split (tokens).
+pub const MAX_EVAL_TOKENS: usize = 1 << 30;
 
 /// Beyond these no run on any machine goes; larger values are typos, refused before they allocate.
 pub const MAX_STEPS: usize = 100_000_000;
@@ -138,7 +147,28 @@ impl RunConfig {
                 format!("is {}; it must be in [1, 1e6]", show(self.hot_factor)),
             ));
         }
+        if self.eval_every > MAX_STEPS {
+            return Err(refuse("--eval-every", format!("is {}; it must be in 0..={MAX_STEPS} steps", self.eval_every)));
+        }
+        if self.eval_every > 0 && !(1..=MAX_EVAL_TOKENS).contains(&self.eval_tokens) {
+            return Err(refuse(
+                "--eval-tokens",
+                format!("is {}; it must be in 1..={MAX_EVAL_TOKENS}", self.eval_tokens),
+            ));
+        }
         Ok(())
+    }
+
+    /// Sequences of the held-out split: `eval_tokens` in sequences, rounded up to whole global batches
+    /// (an evaluation runs the plan's layout on global batches).
+    pub fn eval_sequences(&self) -> usize {
+        let sequences = self.eval_tokens.div_ceil(self.seq_len.max(1)).max(1);
+        sequences.div_ceil(self.global_batch.max(1)) * self.global_batch
+    }
+
+    /// Whether an evaluation follows step `step` (0-based): every `eval_every` steps and after the last.
+    pub fn eval_due(&self, step: usize) -> bool {
+        self.eval_every > 0 && ((step + 1).is_multiple_of(self.eval_every) || step + 1 == self.steps)
     }
 
     /// Learning rate at `step` (0-based): linear warm-up to `lr`, then cosine to `lr · min_lr_ratio`.
@@ -172,6 +202,16 @@ mod tests {
     }
 
     #[test]
+    fn evaluations_cover_whole_global_batches_and_the_last_step() {
+        let c = RunConfig::new().with_steps(10).with_global_batch(4).with_seq_len(10).with_eval_every(4);
+        assert_eq!(c.clone().with_eval_tokens(1).eval_sequences(), 4);
+        assert_eq!(c.clone().with_eval_tokens(41).eval_sequences(), 8); // 5 sequences → 2 batches
+        let due: Vec<usize> = (0..10).filter(|s| c.eval_due(*s)).collect();
+        assert_eq!(due, vec![3, 7, 9]);
+        assert!((0..10).all(|s| !c.clone().with_eval_every(0).eval_due(s)));
+    }
+
+    #[test]
     fn every_bad_field_is_named() {
         let ok = RunConfig::new();
         ok.validate().unwrap();
@@ -193,6 +233,8 @@ mod tests {
             (RunConfig::new().with_migration_threshold(Some(f64::NAN)), "--migration-threshold is NaN"),
             (RunConfig::new().with_migration_every(Some(0)), "--migration-every is 0"),
             (RunConfig::new().with_hot_factor(f64::INFINITY), "--hot-experts factor is inf"),
+            (RunConfig::new().with_eval_every(1).with_eval_tokens(0), "--eval-tokens is 0"),
+            (RunConfig::new().with_eval_every(MAX_STEPS + 1), "--eval-every is 100000001"),
         ];
         for (c, want) in cases {
             let err = c.validate().unwrap_err().to_string();

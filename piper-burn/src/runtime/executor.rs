@@ -24,6 +24,9 @@ use piper_planner::calibrate::steal::StealClock;
 /// Runs the plan: `job.run.steps` optimizer steps on this rank's part of the model. Every rank gets the
 /// same metrics; `on_step` sees each step's.
 pub fn execute(job: &Job, corpus: &mut dyn Corpus, on_step: impl FnMut(&StepMetrics)) -> Result<Trained> {
+    if job.run.eval_every > 0 && corpus.held_out().is_empty() {
+        corpus.hold_out(job.run.eval_sequences(), job.run.seq_len + 1)?;
+    }
     job.check(corpus)?;
     agree_on_the_job(job, corpus)?;
     let mut rank = RankRun::new(job)?;
@@ -81,6 +84,9 @@ fn run_steps(
         }
         let (mut metrics, counts) = rank.train_step(job, corpus, step)?;
         metrics.migration = rank.migrate(job, step, &counts)?;
+        if job.run.eval_due(step) {
+            metrics.eval_loss = Some(rank.evaluate(job, corpus.held_out())?);
+        }
         metrics.checkpoint = rank.save_if_due(job, corpus, step)?;
         if step >= profile_from {
             out.profiled_seconds += metrics.step_time_s;

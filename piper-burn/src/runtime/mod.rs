@@ -6,7 +6,8 @@
 //! - Inputs: [`cli`] (the flags), [`config`], [`plan`] (plan files, `--plan auto`, layout flags),
 //!   [`checkpoint`] settings, [`job`] (everything a run needs, checked before anything is allocated).
 //! - Execution: [`executor`] (set-up, resume, the step loop, finish) over [`setup`], [`step`] and
-//!   [`stage`] (one handler per instruction, full activation recompute in [`recompute`]), with [`grads`] (reduction and global-norm clipping),
+//!   [`stage`] (one handler per instruction, full activation recompute in [`recompute`]), [`eval`] (the
+//!   held-out split, forward only), with [`grads`] (reduction and global-norm clipping),
 //!   [`optim`] (AdamW), [`migration`] and [`checkpoint`].
 //! - Around it: [`report`] (progress, metrics, summary), [`profile`], [`fingerprint`] (ranks agree),
 //!   [`reductions`] (a device probe), [`threads`], [`host`], [`peak`], [`fault`] (fault injection for
@@ -16,6 +17,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod error;
+mod eval;
 pub mod executor;
 pub mod fault;
 pub mod fingerprint;

@@ -111,7 +111,7 @@ pub(crate) struct StepState {
     start: Instant,
 }
 
-fn to_bytes(t: Tensor<3>) -> Result<Vec<u8>> {
+pub(super) fn to_bytes(t: Tensor<3>) -> Result<Vec<u8>> {
     Ok(host_f32(t, "a stage boundary tensor")?.iter().flat_map(|x| x.to_le_bytes()).collect())
 }
 
@@ -120,7 +120,7 @@ fn from_bytes(b: &[u8], shape: [usize; 3], device: &Device) -> Tensor<3> {
     Tensor::from_data(TensorData::new(v, shape), device)
 }
 
-fn scalar(t: Tensor<1>) -> Result<f32> {
+pub(super) fn scalar(t: Tensor<1>) -> Result<f32> {
     Ok(host_f32(t, "a loss")?[0])
 }
 
@@ -187,7 +187,7 @@ impl Stage<'_> {
     }
 
     /// Waits for a neighbour's message; returns it and the seconds waited.
-    fn receive(&self, from: usize, tag: usize, what: &str, i: usize) -> Result<(Tensor<3>, f64)> {
+    pub(super) fn receive(&self, from: usize, tag: usize, what: &str, i: usize) -> Result<(Tensor<3>, f64)> {
         let s = &self.shape;
         let t = Instant::now();
         let op = format!("stage {} receive {what} of micro-batch {i}", s.index);

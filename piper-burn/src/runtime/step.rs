@@ -96,6 +96,7 @@ impl RankRun<'_> {
             bubble: (job.plan.pp > 1).then(|| totals.bubble / ranks),
             migration: Vec::new(),
             checkpoint: None,
+            eval_loss: None,
         }
     }
 

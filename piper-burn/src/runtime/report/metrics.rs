@@ -40,6 +40,10 @@ pub struct StepMetrics {
     /// The checkpoint saved after this step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<SavedCheckpoint>,
+    /// Mean next-token cross-entropy (nats) of the held-out split after this step's update, when an
+    /// evaluation was due (`--eval-every`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
 }
 
 /// One migration of one MoE layer (in every expert group of the layer's stage).

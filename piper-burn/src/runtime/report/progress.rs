@@ -87,7 +87,7 @@ impl Reporter {
     }
 }
 
-/// The lines of a step's checkpoint and expert migrations.
+/// The lines of a step's checkpoint, evaluation and expert migrations.
 fn event_lines(m: &StepMetrics) -> Vec<String> {
     let mut lines = Vec::new();
     if let Some(c) = &m.checkpoint {
@@ -98,6 +98,9 @@ fn event_lines(m: &StepMetrics) -> Vec<String> {
             c.bytes as f64 / (1u64 << 20) as f64,
             c.seconds
         ));
+    }
+    if let Some(loss) = m.eval_loss {
+        lines.push(format!("step {:>5}  held-out loss {loss:.4}  perplexity {:.2}", m.step, loss.exp()));
     }
     for e in &m.migration {
         lines.push(format!(

@@ -47,6 +47,9 @@ pub struct RunSummary {
     /// Mean loss of the last (up to) 10 steps.
     pub final_loss: f64,
     pub first_loss: f64,
+    /// The last held-out loss (`--eval-every`), nats per token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
     pub platform: String,
     /// Rank 0's profile of the steady steps, with `--profile`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -106,6 +109,7 @@ impl RunSummary {
             predicted_peak_memory_bytes: plan.predicted.peak_memory_bytes(),
             final_loss: tail.iter().map(|m| m.loss).sum::<f64>() / tail.len().max(1) as f64,
             first_loss: metrics.first().map_or(f64::NAN, |m| m.loss),
+            eval_loss: metrics.iter().rev().find_map(|m| m.eval_loss),
             platform: plan.platform.clone(),
             profile: Vec::new(),
             steal_share: None,
