@@ -11,6 +11,7 @@ use burn::prelude::*;
 
 use crate::layers::fused::{linear, rms_norm};
 use crate::layers::init::{normal_linear, normal_linear_with_bias};
+use crate::layers::kv_cache::{LayerCache, attend, extend};
 use crate::layers::rope::{RotaryEmbedding, RotaryEmbeddingConfig};
 
 #[derive(Config, Debug)]
@@ -91,6 +92,37 @@ impl Attention {
     /// - `x_bsd`: `[b, s, d]` → `[b, s, d]`
     pub fn forward(&self, x_bsd: Tensor<3>) -> Tensor<3> {
         let [b, s, _] = x_bsd.dims();
+        let (q_bshk, k_bsgk, v_bsgk) = self.qkv(x_bsd);
+        let (q_bshk, k_bsgk) = self.rope.forward_qk(q_bshk, k_bsgk);
+        // Query head i reads key/value head i / (h / g), as Hugging Face's repeat_kv.
+        let out_bshk = kernels_cubecl::causal_attention(q_bshk, k_bsgk, v_bsgk, self.scale());
+        linear(&self.o_proj, out_bshk.reshape([b, s, self.num_heads * self.head_dim]))
+    }
+
+    /// The forward of positions `start..start + s` of sequences whose earlier positions are in `slot`
+    /// (generation); appends theirs.
+    ///
+    /// # Shapes
+    /// - `x_bsd`: `[b, s, d]` → `[b, s, d]`
+    pub fn forward_cached(&self, x_bsd: Tensor<3>, slot: &mut Option<LayerCache>, start: usize) -> Tensor<3> {
+        let [b, s, _] = x_bsd.dims();
+        let (q_bshk, k_bsgk, v_bsgk) = self.qkv(x_bsd);
+        let (q_bshk, k_bsgk) = self.rope.forward_qk_at(q_bshk, k_bsgk, start);
+        let (k_btgk, v_btgk) = extend(slot, k_bsgk, v_bsgk);
+        let out_bshk = attend(q_bshk, k_btgk, v_btgk, start, self.scale());
+        linear(&self.o_proj, out_bshk.reshape([b, s, self.num_heads * self.head_dim]))
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    /// Queries, keys and values before the rotation: projected, normed, clamped.
+    ///
+    /// # Shapes
+    /// - `x_bsd`: `[b, s, d]` → `[b, s, h, k]`, `[b, s, g, k]`, `[b, s, g, k]`
+    fn qkv(&self, x_bsd: Tensor<3>) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        let [b, s, _] = x_bsd.dims();
         let (h, g, k) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let mut q_bsq = linear(&self.q_proj, x_bsd.clone());
         let mut k_bsv = linear(&self.k_proj, x_bsd.clone());
@@ -116,9 +148,6 @@ impl Attention {
             q_bshk = rms_norm(qn, q_bshk);
             k_bsgk = rms_norm(kn, k_bsgk);
         }
-        let (q_bshk, k_bsgk) = self.rope.forward_qk(q_bshk, k_bsgk);
-        // Query head i reads key/value head i / (h / g), as Hugging Face's repeat_kv.
-        let out_bshk = kernels_cubecl::causal_attention(q_bshk, k_bsgk, v_bsgk, 1.0 / (k as f32).sqrt());
-        linear(&self.o_proj, out_bshk.reshape([b, s, h * k]))
+        (q_bshk, k_bsgk, v_bsgk)
     }
 }

@@ -9,6 +9,7 @@ use burn::prelude::*;
 
 use crate::layers::fused::{linear, rms_norm};
 use crate::layers::init::normal_linear;
+use crate::layers::kv_cache::{LayerCache, attend, extend};
 use crate::layers::rope::{RotaryEmbedding, RotaryEmbeddingConfig};
 
 #[derive(Config, Debug)]
@@ -121,6 +122,35 @@ impl Mla {
     /// - `x_bsd`: `[b, s, d]` → `[b, s, d]`
     pub fn forward(&self, x_bsd: Tensor<3>) -> Tensor<3> {
         let [b, s, _] = x_bsd.dims();
+        let (q, k, v_bshv) = self.qkv_at(x_bsd, 0);
+        let out_bshv = kernels_cubecl::causal_attention(q, k, v_bshv, self.scale());
+        linear(&self.o_proj, out_bshv.reshape([b, s, self.num_heads * self.v_head_dim]))
+    }
+
+    /// The forward of positions `start..start + s` of sequences whose earlier positions are in `slot`
+    /// (generation; the cache holds the per-head keys and values the latent expands to); appends theirs.
+    ///
+    /// # Shapes
+    /// - `x_bsd`: `[b, s, d]` → `[b, s, d]`
+    pub fn forward_cached(&self, x_bsd: Tensor<3>, slot: &mut Option<LayerCache>, start: usize) -> Tensor<3> {
+        let [b, s, _] = x_bsd.dims();
+        let (q, k, v_bshv) = self.qkv_at(x_bsd, start);
+        let (k_bthk, v_bthv) = extend(slot, k, v_bshv);
+        let out_bshv = attend(q, k_bthk, v_bthv, start, self.scale());
+        linear(&self.o_proj, out_bshv.reshape([b, s, self.num_heads * self.v_head_dim]))
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / ((self.qk_nope_head_dim + self.qk_rope_head_dim) as f32).sqrt()
+    }
+
+    /// Rotated queries and keys (no-rope and rope parts side by side) and values of positions
+    /// `start..start + s`.
+    ///
+    /// # Shapes
+    /// - `x_bsd`: `[b, s, d]` → `[b, s, h, n + r]`, `[b, s, h, n + r]`, `[b, s, h, v]`
+    fn qkv_at(&self, x_bsd: Tensor<3>, start: usize) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        let [b, s, _] = x_bsd.dims();
         let (h, n, r, v) = (self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim);
         let (c, halves) = (self.kv_lora_rank, self.rope_interleave);
         let (q_layer, xq_bsi) = match (&self.q_proj, &self.q_a_proj, &self.q_a_norm, &self.q_b_proj) {
@@ -132,12 +162,10 @@ impl Mla {
         let q_rope = Self::project(q_layer, xq_bsi, h, n + r, n, r, halves).reshape([b, s, h, r]);
         let latent_bsc = Self::project(&self.kv_a_proj, x_bsd.clone(), 1, c + r, 0, c, false);
         let k_rope_bs1r = Self::project(&self.kv_a_proj, x_bsd, 1, c + r, c, r, halves).reshape([b, s, 1, r]);
-        let (q_rope, k_rope_bs1r) = self.rope.forward_qk(q_rope, k_rope_bs1r);
+        let (q_rope, k_rope_bs1r) = self.rope.forward_qk_at(q_rope, k_rope_bs1r, start);
         let latent_bsc = rms_norm(&self.kv_a_norm, latent_bsc);
         let k_nope = Self::project(&self.kv_b_proj, latent_bsc.clone(), h, n + v, 0, n, false).reshape([b, s, h, n]);
         let v_bshv = Self::project(&self.kv_b_proj, latent_bsc, h, n + v, n, v, false).reshape([b, s, h, v]);
-        let (q, k) = (kernels_cubecl::concat_heads(q_nope, q_rope), kernels_cubecl::concat_heads(k_nope, k_rope_bs1r));
-        let out_bshv = kernels_cubecl::causal_attention(q, k, v_bshv, 1.0 / ((n + r) as f32).sqrt());
-        linear(&self.o_proj, out_bshv.reshape([b, s, h * v]))
+        (kernels_cubecl::concat_heads(q_nope, q_rope), kernels_cubecl::concat_heads(k_nope, k_rope_bs1r), v_bshv)
     }
 }

@@ -1,10 +1,11 @@
 //! The dense layers of a decoder: attention (grouped-query, or DeepSeek's multi-head latent attention)
 //! with rotary embedding, the gated MLP, Burn's `Linear` and `RmsNorm` run through the fused operations,
-//! and Hugging Face's weight initialisation.
+//! Hugging Face's weight initialisation, and the key/value cache of generation.
 
 pub mod attention;
 pub mod fused;
 pub mod init;
+pub mod kv_cache;
 pub mod mla;
 pub mod mlp;
 pub mod rope;

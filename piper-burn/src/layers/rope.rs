@@ -32,11 +32,17 @@ impl RotaryEmbeddingConfig {
 impl RotaryEmbedding {
     /// cos and sin tables, `[s, k]`.
     pub fn tables(&self, seq_len: usize, device: &Device) -> (Tensor<2>, Tensor<2>) {
+        self.tables_at(0, seq_len, device)
+    }
+
+    /// cos and sin tables of positions `start..start + seq_len`, `[s, k]`.
+    pub fn tables_at(&self, start: usize, seq_len: usize, device: &Device) -> (Tensor<2>, Tensor<2>) {
         let half = self.head_dim / 2;
         let inv_freq: Vec<f32> =
             (0..half).map(|i| (1.0 / self.theta.powf(2.0 * i as f64 / self.head_dim as f64)) as f32).collect();
         let inv_freq_1k = Tensor::<1>::from_data(TensorData::new(inv_freq, [half]), device).reshape([1, half]);
-        let pos_s1 = Tensor::<1, Int>::arange(0..seq_len as i64, device).float().reshape([seq_len, 1]);
+        let positions = start as i64..(start + seq_len) as i64;
+        let pos_s1 = Tensor::<1, Int>::arange(positions, device).float().reshape([seq_len, 1]);
         let freqs_sk = pos_s1.matmul(inv_freq_1k);
         let emb_sk = Tensor::cat(vec![freqs_sk.clone(), freqs_sk], 1);
         (emb_sk.clone().cos(), emb_sk.sin())
@@ -57,8 +63,16 @@ impl RotaryEmbedding {
     /// # Shapes
     /// - `q_bshk`: `[b, s, h, k]`, `k_bsgk`: `[b, s, g, k]` → the same shapes
     pub fn forward_qk(&self, q_bshk: Tensor<4>, k_bsgk: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+        self.forward_qk_at(q_bshk, k_bsgk, 0)
+    }
+
+    /// Rotates queries and keys of positions `start..start + s` (generation with a key/value cache).
+    ///
+    /// # Shapes
+    /// - `q_bshk`: `[b, s, h, k]`, `k_bsgk`: `[b, s, g, k]` → the same shapes
+    pub fn forward_qk_at(&self, q_bshk: Tensor<4>, k_bsgk: Tensor<4>, start: usize) -> (Tensor<4>, Tensor<4>) {
         let s = q_bshk.dims()[1];
-        let (cos_sk, sin_sk) = self.tables(s, &q_bshk.device());
+        let (cos_sk, sin_sk) = self.tables_at(start, s, &q_bshk.device());
         (kernels_cubecl::rotary(q_bshk, cos_sk.clone(), sin_sk.clone()), kernels_cubecl::rotary(k_bsgk, cos_sk, sin_sk))
     }
 }

@@ -10,6 +10,7 @@ use burn::prelude::*;
 use super::decoder::{DecoderLayer, DecoderLayerConfig};
 use crate::layers::fused::rms_norm;
 use crate::layers::init::{initializer, normal_param};
+use crate::layers::kv_cache::KvCache;
 use crate::moe::MoeStats;
 
 #[derive(Config, Debug)]
@@ -177,6 +178,22 @@ impl CausalLm {
     pub fn forward(&self, ids_bs: Tensor<2, Int>) -> LmOutput {
         let (x_bsd, moe) = self.forward_layers(self.embed_tokens(ids_bs), 0..self.layers.len());
         LmOutput { logits_bsv: self.head(x_bsd), moe }
+    }
+
+    /// Logits of the next positions of sequences whose earlier positions are in `cache` (generation:
+    /// the prompt once, then one token at a time); the cache takes the new positions.
+    ///
+    /// # Shapes
+    /// - `ids_bs`: `[b, s]` token ids of positions `cache.positions..` → logits `[b, s, v]`
+    pub fn forward_cached(&self, ids_bs: Tensor<2, Int>, cache: &mut KvCache) -> Tensor<3> {
+        let (start, s) = (cache.positions, ids_bs.dims()[1]);
+        cache.layers.resize(self.layers.len(), None);
+        let mut x_bsd = self.embed_tokens(ids_bs);
+        for (layer, slot) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            x_bsd = layer.forward_cached(x_bsd, slot, start);
+        }
+        cache.positions += s;
+        self.head(x_bsd)
     }
 
     /// Next-token loss on `ids_bs` (predicting positions 1.. from 0..), plus the router losses.

@@ -7,6 +7,7 @@ use burn::prelude::*;
 
 use crate::layers::attention::{Attention, AttentionConfig};
 use crate::layers::fused::rms_norm;
+use crate::layers::kv_cache::LayerCache;
 use crate::layers::mla::{Mla, MlaConfig};
 use crate::layers::mlp::{Mlp, MlpConfig};
 use crate::moe::{MoeBlock, MoeBlockConfig, MoeStats};
@@ -70,7 +71,26 @@ impl DecoderLayer {
             (_, Some(m)) => m.forward(normed),
             _ => unreachable!("checked at init"),
         };
-        let h_bsd = x_bsd + attended;
+        self.feed_forward(x_bsd + attended)
+    }
+
+    /// The forward of positions `start..start + s` whose earlier positions' keys and values are in
+    /// `slot` (generation); appends theirs.
+    ///
+    /// # Shapes
+    /// - `x_bsd`: `[b, s, d]` → `[b, s, d]`
+    pub fn forward_cached(&self, x_bsd: Tensor<3>, slot: &mut Option<LayerCache>, start: usize) -> Tensor<3> {
+        let normed = rms_norm(&self.input_norm, x_bsd.clone());
+        let attended = match (&self.attention, &self.mla) {
+            (Some(a), _) => a.forward_cached(normed, slot, start),
+            (_, Some(m)) => m.forward_cached(normed, slot, start),
+            _ => unreachable!("checked at init"),
+        };
+        self.feed_forward(x_bsd + attended).0
+    }
+
+    /// The second half: `h + ffn(norm(h))`.
+    fn feed_forward(&self, h_bsd: Tensor<3>) -> (Tensor<3>, Option<MoeStats>) {
         let normed = rms_norm(&self.post_attention_norm, h_bsd.clone());
         match (&self.dense, &self.moe) {
             (Some(mlp), _) => (h_bsd + mlp.forward(normed), None),
