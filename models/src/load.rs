@@ -28,6 +28,12 @@ pub enum ModelError {
     /// The backend could not hand a tensor back to the host.
     #[error("reading a result back from the device: {0}")]
     Device(String),
+    /// A setting that cannot work: the flag, then why and what would.
+    #[error("{flag} {why}")]
+    Flag { flag: String, why: String },
+    /// NaN or infinite logits: the weights are broken.
+    #[error("the model's logits for generated token {0} are not finite (NaN or ±inf); check the weights")]
+    NotFinite(usize),
 }
 
 /// Loads the model folder `dir` on `device`: its spec (without a multi-token-prediction module, as
@@ -54,4 +60,17 @@ pub fn load_weights(dir: &Path, spec: &ModelSpec, device: &Device) -> Result<Cau
         return Err(ModelError::Missing { dir: show(), name });
     }
     adapter.from_hf(model, &tensors).map_err(|source| ModelError::Weights { dir: show(), source })
+}
+
+/// Loads a checkpoint the runtime saved (a checkpoint folder, or a `--checkpoint-dir` whose `latest`
+/// names one), whatever layout saved it, as one whole model: exported to a temporary Hugging Face folder
+/// (`piper checkpoint export`'s format), read back, and the folder removed.
+pub fn load_checkpoint(path: &Path, device: &Device) -> Result<(ModelSpec, CausalLm), ModelError> {
+    let tmp = std::env::temp_dir().join(format!("piper-checkpoint-load-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let loaded = piper_planner::checkpoint::export::export_hf(path, &tmp, false)
+        .map_err(ModelError::from)
+        .and_then(|_| load_hf_folder(&tmp, device));
+    let _ = std::fs::remove_dir_all(&tmp);
+    loaded
 }
