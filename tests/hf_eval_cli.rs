@@ -1,6 +1,7 @@
 //! `hf_eval` run as a user would, on a Hugging Face folder of the transformers fixtures: `--json` to a FIFO
 //! that a reader drains gets the whole result and to a device node is written in place, each still what
-//! it was afterwards; a folder with one NaN weight is refused, naming the tensor, with exit code 2.
+//! it was afterwards; a folder with one NaN weight is refused, naming the tensor, with exit code 2;
+//! `--text` tokenizes with the folder's tokenizer.json and gives what transformers gives for the text.
 
 mod common;
 
@@ -67,4 +68,51 @@ fn a_folder_with_a_nan_weight_is_refused_naming_the_tensor() {
     assert!(!ok, "{out}");
     assert!(out.contains(&format!("tensor `{name}` holds NaN at element 0")) && out.contains("damaged"), "{out}");
     std::fs::remove_dir_all(&model).unwrap();
+}
+
+/// `hf_eval --text`: the fixture tokenizer as the folder's tokenizer.json, the prompt of the generation
+/// fixtures as the text; cross-entropy (1e-5) and every position's argmax equal transformers'
+/// `model(ids, labels=ids)` (tests/fixtures/make_generate_fixtures.py).
+#[test]
+fn text_is_tokenized_with_the_folders_tokenizer_as_transformers_does() {
+    let fixtures = piper_test_support::fixtures();
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures.join("transformers5/generate.json")).unwrap()).unwrap();
+    for name in ["mixtral", "deepseek_v3"] {
+        let want = &expected[name];
+        let model = hf_folder(V5, name, false, "eval-text", 1.0);
+        let text = model.join("prompt.txt");
+        std::fs::write(&text, want["prompt"].as_str().unwrap()).unwrap();
+        let out = model.join("out.json");
+        let mut cmd = hf_eval();
+        cmd.args([
+            "--model",
+            model.to_str().unwrap(),
+            "--text",
+            text.to_str().unwrap(),
+            "--json",
+            out.to_str().unwrap(),
+        ]);
+        let (ok, log) = run(cmd, Duration::from_secs(60));
+        assert!(!ok && log.contains("no tokenizer.json"), "{name}: {log}");
+        std::fs::copy(fixtures.join("tokenizer/metaspace64.json"), model.join("tokenizer.json")).unwrap();
+        let mut cmd = hf_eval();
+        cmd.args([
+            "--model",
+            model.to_str().unwrap(),
+            "--text",
+            text.to_str().unwrap(),
+            "--json",
+            out.to_str().unwrap(),
+        ]);
+        let (ok, log) = run(cmd, Duration::from_secs(60));
+        assert!(ok, "{name}: {log}");
+        let got: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        let n = want["prompt_ids"].as_array().unwrap().len() as u64;
+        assert_eq!(got["logits_shape"], serde_json::json!([1, n, 64]), "{name}");
+        assert_eq!(got["argmax"][0], want["argmax"], "{name}: argmax per position");
+        let (ce, ce_want) = (got["cross_entropy"].as_f64().unwrap(), want["cross_entropy"].as_f64().unwrap());
+        piper_test_support::assert_close(&format!("{name} cross-entropy"), &[ce], &[ce_want], 1e-5);
+        std::fs::remove_dir_all(&model).unwrap();
+    }
 }
