@@ -70,7 +70,7 @@ fn run_rank(
         dir: save.map(|(d, _)| d.to_path_buf()),
         save_every: save.map_or(0, |(_, n)| n),
         keep: 5,
-        resume: None,
+        ..CheckpointSettings::default()
     };
     let job = Job {
         spec: &spec,
@@ -187,7 +187,7 @@ fn exported(ranks: usize, p: &RunPlan, run: &RunConfig, dir: &Path) -> (Tensors,
     losses(ranks, "tiny", p, run, Some((&save, 0)), None);
     let out = dir.join("hf");
     let e = piper_planner::checkpoint::export::export_hf(&save, &out, false).unwrap();
-    assert!(e.transformers_config, "tiny is Mixtral-shaped");
+    assert_eq!(e.config, piper_planner::checkpoint::export::ExportedConfig::Mixtral, "tiny is Mixtral-shaped");
     let spec = resolve_model(out.join("config.json").to_str().unwrap()).unwrap();
     let tensors = read_f32(&std::fs::read(out.join("model.safetensors")).unwrap(), "").unwrap();
     // Loads into a fresh model through the HF loader, and reads back the same tensors.

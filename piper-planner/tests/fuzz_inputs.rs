@@ -315,6 +315,7 @@ fn tiny_checkpoint() -> (PathBuf, Value) {
             migration_window: None,
             files: vec![shard],
             model: spec,
+            companions: Default::default(),
         };
         // The unmutated manifest exports.
         let good = serde_json::to_value(&manifest).unwrap();

@@ -4,11 +4,13 @@
 
 use std::path::PathBuf;
 
+use piper_planner::checkpoint::companions::folder_tokenizer_files;
 use piper_planner::comm::A2aAlgo;
 use piper_planner::layout::{Layout, Recompute, Schedule, StageSplit};
 use piper_planner::model::{ModelSpec, resolve_model};
 use piper_planner::platform::Platform;
 use piper_planner::run_plan::RunPlan;
+use piper_planner::text::TOKENIZER_FILE;
 
 use super::checkpoint::{CheckpointSettings, Resume, open_resume};
 use super::config::{AuxLossScope, MigrationDecision, RunConfig};
@@ -189,8 +191,8 @@ impl RunArgs {
             Some("auto") | None => None,
             Some(path) => Some(RunPlan::load(path.as_ref()).map_err(|e| RuntimeError::from(e).under("--plan"))?),
         };
-        let spec =
-            resolve_model(&self.model_source(file.as_ref())?).and_then(|s| s.for_training(self.mtp_loss_weight))?;
+        let source = self.model_source(file.as_ref())?;
+        let spec = resolve_model(&source).and_then(|s| s.for_training(self.mtp_loss_weight))?;
         let config = self.run_config(file.as_ref())?;
         if let Some(t) = self.peak_tflops {
             // 1 MFLOP/s to an exaFLOP/s per rank: beyond that it is a typo, and the MFU would be noise.
@@ -207,6 +209,12 @@ impl RunArgs {
             save_every: self.save_every,
             keep: self.keep,
             resume: self.resume.clone(),
+            hf_config: hf_config(&source),
+            tokenizer_files: match (&self.tokenizer, &self.init_hf) {
+                (Some(file), _) => vec![(file.clone(), TOKENIZER_FILE.to_string())],
+                (None, Some(dir)) => folder_tokenizer_files(dir),
+                (None, None) => Vec::new(),
+            },
         };
         checkpoint.validate()?;
         let resume = self.resume.as_deref().map(open_resume).transpose()?;
@@ -321,6 +329,15 @@ impl RunArgs {
         }
         Ok(corpus)
     }
+}
+
+/// The Hugging Face config.json the model comes from (a file of a transformers family, not a preset or a
+/// native spec), as checkpoints keep it for their export.
+fn hf_config(source: &str) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(source).ok()?;
+    let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let family = value.get("model_type")?.as_str()?;
+    (family != "piper").then_some(value)
 }
 
 /// `K:FACTOR` of `--hot-experts`.

@@ -131,6 +131,8 @@ impl RankRun<'_> {
             data: corpus.position(),
             placements: &self.placements,
             window,
+            hf_config: job.checkpoint.hf_config.as_ref(),
+            tokenizer_files: &job.checkpoint.tokenizer_files,
         };
         let started = Instant::now();
         let folder =

@@ -1,14 +1,18 @@
-//! `piper checkpoint export DIR --hf OUT`: one Hugging Face-style folder from a checkpoint of any
-//! layout — `model.safetensors` with every weight (no optimizer state) and a `config.json`. Every shard is
-//! checked whole (size and SHA-256) first, and the model must be complete: every layer, every expert.
+//! `piper checkpoint export DIR --hf OUT`: one Hugging Face folder from a checkpoint of any layout — the
+//! weights (no optimizer state) in `model.safetensors`, or above `max_shard_bytes` in
+//! `model-0000i-of-0000n.safetensors` shards with a `model.safetensors.index.json`, a `config.json`, and
+//! the tokenizer files the checkpoint kept. Every shard is checked whole (size and SHA-256) first, and
+//! the model must be complete: every layer, every expert.
 //!
-//! `config.json` is a transformers Mixtral config when the model is Mixtral-shaped (GQA without biases
-//! or q/k norms, every layer MoE with softmax top-k routing, no shared experts, RMSNorm); any other
-//! model gets its native spec (`"model_type": "piper"`), which `piper` and Piper's loader read.
+//! `config.json` is the model's own (its family's, kept in the manifest) when it came from a Hugging
+//! Face config; else a transformers Mixtral config when the model is Mixtral-shaped (GQA without biases
+//! or q/k norms, every layer MoE with softmax top-k routing, no shared experts, RMSNorm); else its native
+//! spec (`"model_type": "piper"`), which `piper` and Piper's loader read.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use super::companions::export_tokenizer_files;
 use super::shard::{Source, read_tensors, verify_file, write_shard};
 use super::{EXP_AVG, EXP_AVG_SQ, Manifest, resolve};
 use crate::error::{Error, Result};
@@ -21,8 +25,40 @@ pub struct Exported {
     pub step: u64,
     pub tensors: usize,
     pub bytes: u64,
-    /// `true`: `config.json` is a transformers Mixtral config; `false`: Piper's native spec.
-    pub transformers_config: bool,
+    /// Weight files (1: `model.safetensors`; more: shards with `model.safetensors.index.json`).
+    pub shards: usize,
+    pub config: ExportedConfig,
+    /// Tokenizer files copied.
+    pub tokenizer_files: usize,
+}
+
+/// Which `config.json` an export wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExportedConfig {
+    /// The model's own, of this Hugging Face `model_type`.
+    Original(String),
+    /// A transformers Mixtral config built from the spec.
+    Mixtral,
+    /// Piper's native spec: not a transformers architecture.
+    Native,
+}
+
+/// transformers' default largest shard (`max_shard_size="5GB"`).
+pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5_000_000_000;
+
+/// How to export.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExportOptions {
+    /// Write into a folder that holds files (see [`export_hf`]).
+    pub overwrite: bool,
+    /// Weights above this go into shards with an index.
+    pub max_shard_bytes: u64,
+}
+
+impl Default for ExportOptions {
+    fn default() -> Self {
+        ExportOptions { overwrite: false, max_shard_bytes: DEFAULT_MAX_SHARD_BYTES }
+    }
 }
 
 /// Checks that `names` hold the whole model: embedding, final norm, every layer's norms, every expert
@@ -86,7 +122,10 @@ fn check_shapes_match(spec: &ModelSpec, shapes: &BTreeMap<String, Vec<u64>>, sho
         }
         let want = if name == "model.embed_tokens.weight" {
             Some(vec![spec.vocab_size, d])
-        } else if name == "model.norm.weight" || name.ends_with("_layernorm.weight") {
+        } else if name == "model.norm.weight"
+            || name.ends_with(".input_layernorm.weight")
+            || name.ends_with(".post_attention_layernorm.weight")
+        {
             Some(vec![d])
         } else {
             None
@@ -98,11 +137,14 @@ fn check_shapes_match(spec: &ModelSpec, shapes: &BTreeMap<String, Vec<u64>>, sho
     Ok(())
 }
 
-/// Names in a model folder that Hugging Face loaders read before or beside `model.safetensors` (sharded
-/// or PyTorch weights and their indexes): left there, another model's files would be loaded instead.
+/// Names in a model folder that Hugging Face loaders read as its weights (one file, shards, PyTorch
+/// weights, their indexes): left beside an export that did not write them, another model's files
+/// would be loaded instead.
 fn shadows_export(name: &str) -> bool {
-    matches!(name, "model.safetensors.index.json" | "pytorch_model.bin" | "pytorch_model.bin.index.json")
-        || (name.starts_with("model-") && name.ends_with(".safetensors"))
+    matches!(
+        name,
+        "model.safetensors" | "model.safetensors.index.json" | "pytorch_model.bin" | "pytorch_model.bin.index.json"
+    ) || (name.starts_with("model-") && name.ends_with(".safetensors"))
         || (name.starts_with("pytorch_model-") && name.ends_with(".bin"))
 }
 
@@ -136,12 +178,20 @@ fn check_output(out: &Path, overwrite: bool) -> Result<Vec<std::path::PathBuf>> 
 }
 
 /// Exports the checkpoint `--resume`-style `path` means (a checkpoint folder, or the latest under a
-/// checkpoint dir) into the folder `out`: created, or empty, or with `overwrite` one whose
-/// `model.safetensors` and `config.json` are replaced atomically and whose other weight files (sharded
-/// or PyTorch, which loaders would read instead) are removed once the export is written; nothing else in
-/// it is touched.
+/// checkpoint dir) into the folder `out`: created, or empty, or with `overwrite` one whose weights,
+/// `config.json` and tokenizer files are replaced atomically and whose other weight files (sharded or
+/// PyTorch, which loaders would read instead) are removed once the export is written; nothing else in
+/// it is touched. Shards at 5 GB.
 pub fn export_hf(path: &Path, out: &Path, overwrite: bool) -> Result<Exported> {
-    let shadowing = check_output(out, overwrite)?;
+    export_hf_with(path, out, &ExportOptions { overwrite, ..ExportOptions::default() })
+}
+
+/// [`export_hf`] with its options.
+pub fn export_hf_with(path: &Path, out: &Path, options: &ExportOptions) -> Result<Exported> {
+    if options.max_shard_bytes == 0 {
+        return Err(Error::invalid("piper checkpoint export", "--max-shard-size", "is 0; give a size in bytes ≥ 1"));
+    }
+    let shadowing = check_output(out, options.overwrite)?;
     let folder = resolve(path)?;
     let manifest = Manifest::load(&folder)?;
     for f in &manifest.files {
@@ -166,28 +216,97 @@ pub fn export_hf(path: &Path, out: &Path, overwrite: bool) -> Result<Exported> {
         list.iter().map(|n| Source::values(n.clone(), tensors[n].0.clone(), &tensors[n].1)).collect();
     let show = out.display().to_string();
     std::fs::create_dir_all(out).map_err(|e| Error::file(&show, format!("cannot create: {e}")))?;
-    // The weights go to a temporary name first, then replace model.safetensors in one rename.
-    let tmp_name = format!(".model.safetensors.tmp-{}", std::process::id());
-    let written = write_shard(out, &tmp_name, 0, &named)?;
-    std::fs::rename(out.join(&tmp_name), out.join("model.safetensors"))
-        .map_err(|e| Error::file(&show, format!("cannot rename model.safetensors into place: {e}")))?;
-    let (config, transformers_config) = match mixtral_config(&manifest.model) {
-        Some(c) => (c, true),
-        None => {
-            let mut v = serde_json::to_value(&manifest.model).expect("specs serialise");
-            v["model_type"] = "piper".into();
-            (v, false)
-        }
-    };
+    let weights = write_weights(out, &named, options.max_shard_bytes)?;
+    let (config, kind) = export_config(&manifest);
     let text = serde_json::to_string_pretty(&config).expect("json");
     crate::atomic::write_atomic(&out.join("config.json"), text.as_bytes())
         .map_err(|e| Error::file(&show, format!("cannot write config.json: {e}")))?;
-    for stale in shadowing {
-        std::fs::remove_file(&stale).map_err(|e| {
+    export_tokenizer_files(&folder, &manifest.companions.tokenizer_files, out)?;
+    for stale in shadowing.iter().filter(|p| !weights.files.iter().any(|w| p.ends_with(w))) {
+        std::fs::remove_file(stale).map_err(|e| {
             Error::file(stale.display().to_string(), format!("cannot remove (it would shadow the export): {e}"))
         })?;
     }
-    Ok(Exported { step: manifest.step, tensors: named.len(), bytes: written.bytes, transformers_config })
+    Ok(Exported {
+        step: manifest.step,
+        tensors: named.len(),
+        bytes: weights.bytes,
+        shards: weights.files.iter().filter(|f| f.ends_with(".safetensors")).count(),
+        config: kind,
+        tokenizer_files: manifest.companions.tokenizer_files.len(),
+    })
+}
+
+/// The weight files an export wrote and their bytes.
+struct Weights {
+    files: Vec<String>,
+    bytes: u64,
+}
+
+/// The weights in one `model.safetensors`, or in shards of at most `max_bytes` (a larger tensor gets
+/// its own) with `model.safetensors.index.json`; each file under a temporary name first, then renamed
+/// into place.
+fn write_weights(out: &Path, named: &[Source], max_bytes: u64) -> Result<Weights> {
+    let size = |t: &Source| 4 * t.shape.iter().product::<usize>() as u64;
+    // Consecutive runs of tensors (names in order), each within `max_bytes` unless one tensor alone.
+    let mut runs = vec![std::ops::Range { start: 0, end: 0 }];
+    let mut used = 0;
+    for (i, t) in named.iter().enumerate() {
+        let run = runs.last_mut().expect("one run");
+        if run.end > run.start && used + size(t) > max_bytes {
+            runs.push(i..i);
+            used = 0;
+        }
+        runs.last_mut().expect("one run").end = i + 1;
+        used += size(t);
+    }
+    let n = runs.len();
+    let show = out.display().to_string();
+    let mut weights = Weights { files: Vec::new(), bytes: 0 };
+    let mut weight_map = serde_json::Map::new();
+    for (i, run) in runs.into_iter().enumerate() {
+        let name =
+            if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", i + 1) };
+        let tmp = format!(".{name}.tmp-{}", std::process::id());
+        let written = write_shard(out, &tmp, 0, &named[run.clone()])?;
+        std::fs::rename(out.join(&tmp), out.join(&name))
+            .map_err(|e| Error::file(&show, format!("cannot rename {name} into place: {e}")))?;
+        weights.bytes += written.bytes;
+        for t in &named[run] {
+            weight_map.insert(t.name.clone(), name.clone().into());
+        }
+        weights.files.push(name);
+    }
+    if n > 1 {
+        let total: u64 = named.iter().map(size).sum();
+        let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+        let text = serde_json::to_string_pretty(&index).expect("json");
+        crate::atomic::write_atomic(&out.join("model.safetensors.index.json"), text.as_bytes())
+            .map_err(|e| Error::file(&show, format!("cannot write model.safetensors.index.json: {e}")))?;
+        weights.files.push("model.safetensors.index.json".into());
+    }
+    Ok(weights)
+}
+
+/// The model's own config (its dtype now float32), else a Mixtral config, else the native spec.
+fn export_config(manifest: &Manifest) -> (serde_json::Value, ExportedConfig) {
+    if let Some(mut c) = manifest.companions.hf_config.clone().filter(|c| c.is_object()) {
+        let model_type = c.get("model_type").and_then(|t| t.as_str()).unwrap_or("").to_string();
+        for key in ["torch_dtype", "dtype"] {
+            if c.get(key).is_some() {
+                c[key] = "float32".into();
+            }
+        }
+        return (c, ExportedConfig::Original(model_type));
+    }
+    match mixtral_config(&manifest.model) {
+        Some(c) => (c, ExportedConfig::Mixtral),
+        None => {
+            let mut v = serde_json::to_value(&manifest.model).expect("specs serialise");
+            v["model_type"] = "piper".into();
+            (v, ExportedConfig::Native)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -262,6 +381,46 @@ mod tests {
         }
         assert_eq!(std::fs::read_to_string(out.join("tokenizer.json")).unwrap(), "another model");
         assert!(out.join("model.safetensors").is_file() && out.join("config.json").is_file());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Above the shard size the weights go into `model-0000i-of-0000n.safetensors` files of at most that
+    /// size (a larger tensor alone) with an index naming each tensor's file, holding what one file holds;
+    /// exporting one file over them with --overwrite removes the shards and the index, and vice versa.
+    #[test]
+    fn large_exports_are_sharded_with_an_index() {
+        let dir = scratch("sharded");
+        let spec = preset("tiny").unwrap();
+        let ckpt = checkpoint(&dir, spec.clone(), &weights(&spec));
+        let (one, sharded) = (dir.join("one"), dir.join("sharded"));
+        export_hf(&ckpt, &one, false).unwrap();
+        let max = 200_000;
+        let options = ExportOptions { overwrite: false, max_shard_bytes: max };
+        let e = export_hf_with(&ckpt, &sharded, &options).unwrap();
+        assert!(e.shards > 2, "{e:?}");
+        let index: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(sharded.join("model.safetensors.index.json")).unwrap())
+                .unwrap();
+        let map = index["weight_map"].as_object().unwrap();
+        assert_eq!(map.len(), weights(&spec).len());
+        let (a, _) = crate::hf::read_hf_tensors(&one, &map.keys().cloned().collect::<Vec<_>>()).unwrap();
+        let (b, missing) = crate::hf::read_hf_tensors(&sharded, &map.keys().cloned().collect::<Vec<_>>()).unwrap();
+        assert!(missing.is_empty() && a == b, "the shards hold what one file holds");
+        let biggest = weights(&spec).iter().map(|t| 4 * t.2.len() as u64).max().unwrap();
+        for i in 1..=e.shards {
+            let f = sharded.join(format!("model-{i:05}-of-{:05}.safetensors", e.shards));
+            let len = std::fs::metadata(&f).unwrap().len();
+            assert!(len <= max.max(biggest) + 64 * 1024, "{} holds {len} bytes", f.display());
+        }
+        assert!(!sharded.join("model.safetensors").exists());
+        export_hf(&ckpt, &sharded, true).unwrap();
+        let names: Vec<String> = std::fs::read_dir(&sharded)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| n == "model.safetensors" || n == "config.json"), "{names:?}");
+        export_hf_with(&ckpt, &one, &ExportOptions { overwrite: true, max_shard_bytes: max }).unwrap();
+        assert!(!one.join("model.safetensors").exists(), "a stale single file would shadow the shards");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

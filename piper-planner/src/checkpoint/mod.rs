@@ -13,6 +13,7 @@
 //! renamed to its final name only when complete; then `DIR/latest` (one line, the folder name) is
 //! replaced atomically. A crash at any point leaves the previous checkpoint and `latest` intact.
 
+pub mod companions;
 pub mod export;
 mod files;
 pub mod shard;
@@ -111,6 +112,9 @@ pub struct Manifest {
     #[serde(default)]
     pub migration_window: Option<MigrationWindow>,
     pub files: Vec<ShardFile>,
+    /// The model's own config.json and tokenizer files, for its export.
+    #[serde(default)]
+    pub companions: companions::Companions,
 }
 
 impl Manifest {
@@ -239,5 +243,6 @@ pub(crate) fn test_manifest(model: ModelSpec, files: Vec<ShardFile>) -> Manifest
         migration_window: None,
         files,
         model,
+        companions: Default::default(),
     }
 }

@@ -16,6 +16,7 @@ pub mod save;
 
 use std::path::{Path, PathBuf};
 
+use piper_planner::checkpoint::companions::TokenizerSources;
 use piper_planner::checkpoint::{Manifest, load_resume};
 use piper_planner::model::ModelSpec;
 
@@ -37,12 +38,23 @@ pub struct CheckpointSettings {
     /// Complete checkpoints to keep under `dir` (the newest).
     pub keep: usize,
     pub resume: Option<PathBuf>,
+    /// The model's own Hugging Face config.json, kept in every checkpoint for its export.
+    pub hf_config: Option<serde_json::Value>,
+    /// Tokenizer files kept in every checkpoint (`tokenizer/`), for its export.
+    pub tokenizer_files: TokenizerSources,
 }
 
 impl Default for CheckpointSettings {
     /// No checkpoints (keep 2 when there are).
     fn default() -> Self {
-        CheckpointSettings { dir: None, save_every: 0, keep: 2, resume: None }
+        CheckpointSettings {
+            dir: None,
+            save_every: 0,
+            keep: 2,
+            resume: None,
+            hf_config: None,
+            tokenizer_files: Vec::new(),
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use burn::module::ParamId;
 use piper_comm::Communicator;
 use piper_comm::collectives::all_gather_bytes;
+use piper_planner::checkpoint::companions::{Companions, TokenizerSources, keep_tokenizer_files};
 use piper_planner::checkpoint::shard::{Source, write_shard};
 use piper_planner::checkpoint::{
     EXP_AVG, EXP_AVG_SQ, FORMAT, FORMAT_VERSION, Manifest, MigrationWindow, OptimizerState, SavedPlacement, ShardFile,
@@ -32,6 +33,9 @@ pub struct RunState<'a> {
     pub data: serde_json::Value,
     pub placements: &'a [ExpertPlacement],
     pub window: Option<MigrationWindow>,
+    /// The model's own config.json and the tokenizer files, kept for the export.
+    pub hf_config: Option<&'a serde_json::Value>,
+    pub tokenizer_files: &'a TokenizerSources,
 }
 
 /// Saves a checkpoint of the job after `state.step` steps under `dir`, keeping the newest `keep`.
@@ -111,8 +115,12 @@ fn gather_shard_files(
 
 /// Rank 0: the manifest of the save, written atomically into the scratch folder.
 fn write_manifest(scratch: &Path, optim: &AdamW, share: &Share, state: &RunState, files: Vec<ShardFile>) -> Result<()> {
-    let text = serde_json::to_vec_pretty(&manifest(optim, share, state, files))
-        .map_err(RuntimeError::json("checkpoint manifest"))?;
+    let mut manifest = manifest(optim, share, state, files);
+    manifest.companions = Companions {
+        hf_config: state.hf_config.cloned(),
+        tokenizer_files: keep_tokenizer_files(scratch, state.tokenizer_files).map_err(RuntimeError::from)?,
+    };
+    let text = serde_json::to_vec_pretty(&manifest).map_err(RuntimeError::json("checkpoint manifest"))?;
     let path = scratch.join("manifest.json");
     piper_planner::atomic::write_atomic(&path, &text).map_err(|e| RuntimeError::file("--checkpoint-dir", &path, e))
 }
@@ -144,6 +152,7 @@ fn manifest(optim: &AdamW, share: &Share, state: &RunState, files: Vec<ShardFile
             .collect(),
         migration_window: state.window.clone(),
         files,
+        companions: Default::default(),
     }
 }
 

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use piper_planner::Result;
-use piper_planner::checkpoint::export::export_hf;
+use piper_planner::checkpoint::export::{DEFAULT_MAX_SHARD_BYTES, ExportOptions, ExportedConfig, export_hf_with};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,24 +26,34 @@ enum Command {
         /// instead); other files stay.
         #[arg(long)]
         overwrite: bool,
+        /// Weights above this many bytes go into shards with a model.safetensors.index.json.
+        #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_SHARD_BYTES)]
+        max_shard_size: u64,
     },
 }
 
 pub fn run(a: Args) -> Result<String> {
     match a.command {
-        Command::Export { checkpoint, hf, overwrite } => {
-            let e = export_hf(&checkpoint, &hf, overwrite)?;
-            let config = if e.transformers_config {
-                "config.json (transformers MixtralConfig)"
+        Command::Export { checkpoint, hf, overwrite, max_shard_size } => {
+            let options = ExportOptions { overwrite, max_shard_bytes: max_shard_size };
+            let e = export_hf_with(&checkpoint, &hf, &options)?;
+            let config = match &e.config {
+                ExportedConfig::Original(t) => format!("config.json (the model's own, {})", t.escape_debug()),
+                ExportedConfig::Mixtral => "config.json (transformers MixtralConfig)".into(),
+                ExportedConfig::Native => "config.json (Piper's native spec: not a transformers architecture)".into(),
+            };
+            let weights = if e.shards == 1 {
+                "model.safetensors".into()
             } else {
-                "config.json (Piper's native spec: not a transformers architecture)"
+                format!("{} shards and model.safetensors.index.json", e.shards)
             };
             Ok(format!(
-                "exported step {}: {} tensors, {} bytes to {}/model.safetensors and {config}\n",
+                "exported step {}: {} tensors, {} bytes to {}/{weights}, {config}, {} tokenizer files\n",
                 e.step,
                 e.tensors,
                 e.bytes,
-                hf.display()
+                hf.display(),
+                e.tokenizer_files
             ))
         }
     }
