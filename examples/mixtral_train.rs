@@ -10,16 +10,18 @@
 //! --ep --dp --micro-batches --schedule` give the layout by hand. Every layout trains the same model:
 //! the loss curve equals the one-process run's. Policy lives in `piper_burn::runtime`.
 
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, Parser, ValueEnum};
 use piper::comm::Topology;
 use piper::comm::launch::init_world;
 use piper::modules::CausalLmConfig;
 use piper::modules::runtime::cli::{ResolvedRun, RunArgs};
 use piper::modules::runtime::report::describe_run;
+use piper::modules::runtime::run_file::{expand_config, run_file_beside, write_run_file};
 use piper::modules::runtime::{self, Job, Reporter};
 use piper::planner::model::training_flops_per_token;
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 enum Backend {
     Flex,
     Ndarray,
@@ -32,10 +34,11 @@ enum Backend {
 static ALLOCATOR: piper::alloc::Allocator = piper::alloc::Allocator;
 
 /// Train an MoE language model, on one process or under mpirun.
-#[derive(Parser, Debug)]
-#[command(version, allow_negative_numbers = true)]
+#[derive(Parser, Debug, serde::Serialize)]
+#[command(version, allow_negative_numbers = true, args_override_self = true)]
 struct Args {
     #[command(flatten)]
+    #[serde(flatten)]
     run: RunArgs,
     #[arg(long, value_enum, default_value_t = Backend::Flex)]
     backend: Backend,
@@ -87,6 +90,9 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), Box<dyn std
     job.check(corpus.as_ref())?;
     let first_step = resume.map_or(0, |r| r.manifest.step as usize);
     let mut reporter = Reporter::new(a.run.report_options(first_step), world.rank(), config.steps)?;
+    if let (Some(metrics), 0) = (&a.run.metrics, world.rank()) {
+        write_run_file(&run_file_beside(metrics), &a)?;
+    }
     if let Some(r) = resume {
         reporter.println(&format!("resuming from {} (step {first_step})", r.folder.display()));
     }
@@ -135,7 +141,11 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(2);
     }
-    let args = Args::parse();
+    let args = expand_config(std::env::args_os().collect(), &Args::command()).unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(2)
+    });
+    let args = Args::parse_from(args);
     // A failed collective panics inside the autodiff graph with a message naming the operation, group
     // and missing ranks: print it and leave at once — unwinding would reach MPI_Finalize, which waits
     // for the missing rank.

@@ -130,6 +130,7 @@ fn bad_run_configurations_get_one_line_and_exit_2() {
         (vec!["--grammar-alphabet", "1"], "--grammar-alphabet is 1"),
         (vec!["--tokenizer", "tests/fixtures/tokenizer/metaspace64.json"], "--tokenizer encodes --data"),
         (vec!["--eval-every", "5", "--eval-tokens", "0"], "--eval-tokens is 0"),
+        (vec!["--config", "/nonexistent/run.toml"], "--config /nonexistent/run.toml"),
         (vec!["--data", "README.md", "--eval-every", "5", "--eval-tokens", "100000000"], "--eval-tokens holds out"),
         (vec!["--keep", "0", "--checkpoint-dir", "/tmp"], "--keep is 0"),
         (vec!["--peak-tflops", "1e-300"], "`--peak-tflops` is 1e-300"),
@@ -260,6 +261,27 @@ fn evaluations_reach_the_output_the_metrics_and_the_summary() {
     assert!(out.contains(&format!("step    19  held-out loss {:.4}", evals[1].1)), "{out}");
     let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
     assert_eq!(s["eval_loss"].as_f64(), Some(evals[1].1));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A run with --metrics writes its resolved flags beside them (`m.toml`); `--config` that file (with
+/// another --metrics, the command line overriding the file) trains the same run again: the same losses.
+#[test]
+fn the_resolved_run_file_runs_the_same_run_again() {
+    let dir = common::scratch("run-file");
+    let (first, second) = (dir.join("m.jsonl"), dir.join("again.jsonl"));
+    let mut cmd = Command::new(example());
+    cmd.args(COMMON).args(["--aux-loss-scope", "micro-batch", "--metrics", first.to_str().unwrap()]);
+    let (ok, out) = run(cmd, Duration::from_secs(120));
+    assert!(ok, "{out}");
+    let file = dir.join("m.toml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("aux_loss_scope = \"micro-batch\"") && text.contains("steps = 20"), "{text}");
+    let mut again = Command::new(example());
+    again.args(["--config", file.to_str().unwrap(), "--metrics", second.to_str().unwrap()]);
+    let (ok, out) = run(again, Duration::from_secs(120));
+    assert!(ok, "{out}");
+    assert_eq!(common::losses(&first), common::losses(&second));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

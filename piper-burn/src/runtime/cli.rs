@@ -19,8 +19,13 @@ use super::plan::{LayoutFlags, check_plan, plan_auto, plan_from_flags};
 use super::report::ReportOptions;
 
 /// Flags of a training run.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, serde::Serialize)]
 pub struct RunArgs {
+    /// A run file (TOML) of flags by name (`steps = 2000`, `no_progress = true`); flags given here
+    /// override it. A run with --metrics FILE writes its resolved flags to FILE's name with `.toml`.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
     /// Model: tiny (Mixtral-style), tiny-qwen3, tiny-deepseek, or any planner preset / config.json
     /// [default: the plan file's model, else tiny].
     #[arg(long)]
@@ -165,7 +170,8 @@ pub struct RunArgs {
     pub resume: Option<PathBuf>,
 }
 
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum AuxScopeArg {
     Global,
     MicroBatch,

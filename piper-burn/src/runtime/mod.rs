@@ -3,7 +3,8 @@
 //! executor that runs the planner's instruction stream. Data flows one way: plan → run config → job →
 //! executor → instructions → metrics → reporters.
 //!
-//! - Inputs: [`cli`] (the flags), [`config`], [`plan`] (plan files, `--plan auto`, layout flags),
+//! - Inputs: [`cli`] (the flags), [`run_file`] (`--config run.toml`, the resolved run file),
+//!   [`config`], [`plan`] (plan files, `--plan auto`, layout flags),
 //!   [`checkpoint`] settings, [`job`] (everything a run needs, checked before anything is allocated).
 //! - Execution: [`executor`] (set-up, resume, the step loop, finish) over [`setup`], [`step`] and
 //!   [`stage`] (one handler per instruction, full activation recompute in [`recompute`]), [`eval`] (the
@@ -32,6 +33,7 @@ pub mod profile;
 mod recompute;
 pub mod reductions;
 pub mod report;
+pub mod run_file;
 mod setup;
 mod stage;
 mod step;
