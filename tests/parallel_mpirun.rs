@@ -3,7 +3,8 @@
 //! micro-batches) and PP=2×DP=2 (GPipe, 2 micro-batches) give the same loss curve over 20 steps as one
 //! process with the same micro-batch count, within 1e-4 relative per step. A plan written by `piper plan
 //! --out` drives a 4-rank run and its summary reports the plan's layout. A rank that hangs is named by
-//! the others within the timeout, and the job ends; a rank that exits ends the job.
+//! the others within the timeout, and the job ends; a rank that exits ends the job. Prepared token
+//! shards, each rank reading its share of a batch, give the one-process losses under PP×EP and EP×DP.
 //! Built without `--features mpi` (the README's `cargo test --workspace`), these tests show as ignored
 //! and name `scripts/test-mpi.sh`, which installs OpenMPI and runs them; with the feature, a missing
 //! `mpirun` fails them.
@@ -288,5 +289,41 @@ fn checkpoints_resume_and_reshard_under_mpirun() {
     let four = resumed(4, &pp2ep2, &path("ck1/step-00000010"), "four.jsonl");
     let worst = assert_close("one process → PP2×EP2", &four, &whole1[10..], 1e-5);
     eprintln!("checkpoint one process → PP=2×EP=2: worst relative loss difference {worst:e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[cfg_attr(
+    not(feature = "mpi"),
+    ignore = "needs MPI: run scripts/test-mpi.sh (installs OpenMPI, builds with --features mpi)"
+)]
+fn prepared_token_shards_under_mpirun_equal_one_process() {
+    let dir = common::scratch("shards-mpirun");
+    let text = dir.join("corpus.txt");
+    let line = "The router scores each expert; the expert group dispatches tokens and combines them.\n";
+    std::fs::write(&text, line.repeat(400)).unwrap();
+    let prepared = dir.join("prepared");
+    let tokenizer = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer/metaspace64.json");
+    let mut prep = Command::new(binary("", "piper"));
+    prep.args(["data", "prepare", "--tokenizer", tokenizer.to_str().unwrap(), "--data", text.to_str().unwrap()]);
+    prep.args(["--out", prepared.to_str().unwrap(), "--shard-tokens", "3000", "--held-out-tokens", "1000"]);
+    let (ok, out) = run(prep, Duration::from_secs(60));
+    assert!(ok, "{out}");
+    let data = ["--data", prepared.to_str().unwrap()];
+    for (name, m, layout) in [
+        ("pp2ep2", 2, vec!["--pp", "2", "--ep", "2"]),
+        ("ep2dp2", 1, vec!["--ep", "2", "--dp", "2", "--all-to-all", "halo"]),
+    ] {
+        let want = one_process(&dir, m, &data);
+        let path = dir.join(format!("{name}.jsonl"));
+        let mut args = layout.clone();
+        args.extend(data);
+        let m_text = m.to_string();
+        args.extend(["--micro-batches", &m_text, "--metrics", path.to_str().unwrap()]);
+        let (ok, out) = run(mpirun(4, &[("PIPER_RANKS_PER_NODE", "2")], &args), Duration::from_secs(300));
+        assert!(ok, "{name} failed:\n{out}");
+        let worst = assert_close(name, &losses(&path), &want, 1e-4);
+        eprintln!("prepared shards {name}: worst relative loss difference {worst:e} (one process, M={m})");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -9,7 +9,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{COMMON, example, run};
+use common::{COMMON, binary, example, run};
 use piper_test_support::hf_folder::{V5, hf_folder};
 
 #[test]
@@ -282,6 +282,40 @@ fn the_resolved_run_file_runs_the_same_run_again() {
     let (ok, out) = run(again, Duration::from_secs(120));
     assert!(ok, "{out}");
     assert_eq!(common::losses(&first), common::losses(&second));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `piper data prepare` then training on the prepared folder: it evaluates on the folder's held-out
+/// split, and a run saved at step 4 and resumed trains the steps after it with the uninterrupted run's
+/// losses, bit for bit (the data position is in the checkpoint).
+#[test]
+fn prepared_token_shards_train_evaluate_and_resume_bit_exact() {
+    let dir = common::scratch("prepared");
+    let text = dir.join("corpus.txt");
+    std::fs::write(&text, "The router scores each expert and the expert group dispatches tokens.\n".repeat(300))
+        .unwrap();
+    let prepared = dir.join("prepared");
+    let tokenizer = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer/metaspace64.json");
+    let mut prep = Command::new(binary("", "piper"));
+    prep.args(["data", "prepare", "--tokenizer", tokenizer.to_str().unwrap(), "--data", text.to_str().unwrap()]);
+    prep.args(["--out", prepared.to_str().unwrap(), "--shard-tokens", "1000", "--held-out-tokens", "2000"]);
+    let (ok, out) = run(prep, Duration::from_secs(60));
+    assert!(ok && out.contains("held out"), "{out}");
+    let train = |extra: &[&str], metrics: &std::path::Path| {
+        let mut cmd = Command::new(example());
+        cmd.args(["--data", prepared.to_str().unwrap(), "--steps", "8", "--batch-size", "4", "--seq-len", "15"]);
+        cmd.args(["--no-progress", "--log-every", "0", "--eval-every", "4", "--eval-tokens", "100"]);
+        cmd.args(["--metrics", metrics.to_str().unwrap()]).args(extra);
+        let (ok, out) = run(cmd, Duration::from_secs(120));
+        assert!(ok, "{out}");
+        out
+    };
+    let (whole, ckpt) = (dir.join("whole.jsonl"), dir.join("ckpt"));
+    let out = train(&["--checkpoint-dir", ckpt.to_str().unwrap(), "--save-every", "4"], &whole);
+    assert!(out.contains("held-out loss") && out.contains("tokenizer metaspace64.json"), "{out}");
+    let resumed = dir.join("resumed.jsonl");
+    train(&["--resume", ckpt.join("step-00000004").to_str().unwrap()], &resumed);
+    assert_eq!(common::losses(&resumed), common::losses(&whole)[4..], "steps 4..8 after the resume");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

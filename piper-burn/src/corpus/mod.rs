@@ -1,16 +1,20 @@
 //! Training data: a seeded stochastic grammar whose entropy rate is known (so the best achievable loss
-//! is known), UTF-8 text through a Hugging Face tokenizer, or UTF-8 text as bytes.
+//! is known), token shards `piper data prepare` wrote, UTF-8 text through a Hugging Face tokenizer, or
+//! UTF-8 text as bytes.
 
 mod bytes;
 mod grammar;
+mod shards;
 mod tokens;
 
 use std::path::Path;
 
 use piper_planner::text::TextTokenizer;
+use piper_planner::text::shards::INDEX_FILE;
 
 pub use bytes::{BYTE_VOCAB, TextBytes};
 pub use grammar::Grammar;
+pub use shards::ShardedTokens;
 pub use tokens::TokenizedText;
 
 /// A deterministic random generator (SplitMix64), so a seed gives the same data everywhere.
@@ -57,6 +61,13 @@ pub enum DataError {
 pub trait Corpus {
     /// Token ids of `batch` sequences of `seq_len` tokens, row-major.
     fn batch(&mut self, batch: usize, seq_len: usize) -> Vec<i64>;
+    /// [`Corpus::batch`] for a rank that needs only the rows `keep` accepts: the stream advances as for
+    /// the whole batch (every rank stays at the same position) and the kept rows are the same, while the
+    /// other rows may be left 0 — a source that reads from storage reads only this rank's share.
+    fn batch_rows(&mut self, batch: usize, seq_len: usize, keep: &dyn Fn(usize) -> bool) -> Vec<i64> {
+        let _ = keep;
+        self.batch(batch, seq_len)
+    }
     /// Size of the token space the data uses (ids are below it).
     fn vocab_size(&self) -> usize;
     /// The lowest achievable cross-entropy (nats per token), if known.
@@ -117,6 +128,9 @@ pub fn open(flags: &DataFlags, vocab_size: usize) -> Result<Box<dyn Corpus>, Dat
         }
         _ => None,
     };
+    if let Some(dir) = flags.data.filter(|d| d.join(INDEX_FILE).is_file()) {
+        return prepared(dir, tokenizer.as_ref(), flags.seed, vocab_size);
+    }
     let Some(path) = flags.data else {
         if flags.tokenizer.is_some() {
             return Err(DataError::Flag {
@@ -149,6 +163,42 @@ pub fn open(flags: &DataFlags, vocab_size: usize) -> Result<Box<dyn Corpus>, Dat
         }),
         (None, None) => Ok(Box::new(TextBytes::from_file(path, flags.seed)?)),
     }
+}
+
+/// A prepared folder: its vocabulary must fit the model's, and the tokenizer of the run (if any) must be
+/// the one it was made with.
+fn prepared(
+    dir: &Path,
+    tokenizer: Option<&TextTokenizer>,
+    seed: u64,
+    vocab_size: usize,
+) -> Result<Box<dyn Corpus>, DataError> {
+    let shards = ShardedTokens::open(dir, seed)?;
+    if shards.vocab_size() > vocab_size {
+        return Err(DataError::Flag {
+            flag: "--data",
+            why: format!(
+                "{} holds ids of a vocabulary of {} but the model's has {vocab_size}: prepare it with the model's tokenizer",
+                bytes::shown(dir),
+                shards.vocab_size()
+            ),
+        });
+    }
+    if let Some(t) = tokenizer
+        && !shards.tokenizer().ends_with(t.digest())
+    {
+        return Err(DataError::Flag {
+            flag: "--data",
+            why: format!(
+                "{} was prepared with tokenizer {}, this run's is {} ({}): prepare it again with this run's tokenizer",
+                bytes::shown(dir),
+                shards.tokenizer(),
+                bytes::shown(t.path()),
+                t.digest()
+            ),
+        });
+    }
+    Ok(Box::new(shards))
 }
 
 fn tokenizer_error(e: piper_planner::Error) -> DataError {
@@ -317,6 +367,49 @@ mod tests {
         assert_eq!(a.held_out(), b.held_out());
         assert_eq!(a.batch(2, 9), Grammar::new(8, 3, 4).batch(2, 9));
         assert_ne!(a.held_out(), &Grammar::new(8, 3, 4).batch(4, 9)[..]);
+    }
+
+    /// A prepared folder trains on windows of its stream and evaluates on its held-out file; it resumes
+    /// where it stood; its vocabulary must fit the model and its tokenizer be the run's.
+    #[test]
+    fn prepared_shards_train_evaluate_and_resume() {
+        use piper_planner::text::shards::{PrepareOptions, TokenShards, prepare};
+        let s = Scratch::new("prepared");
+        let (text, small, big) = (s.text(), fixture("metaspace64.json"), fixture("bytelevel300.json"));
+        let tok = TextTokenizer::from_file(&small, "t").unwrap();
+        let dir = s.0.join("prepared");
+        let o = PrepareOptions { shard_tokens: 50, held_out_tokens: 40, separator: None, overwrite: false };
+        prepare(&tok, &[&text], &dir, &o).unwrap();
+        let stream = TokenShards::open(&dir, true).unwrap();
+        let all = stream.window(0, stream.len() as usize);
+        let flags = DataFlags { data: Some(&dir), ..Default::default() };
+        let mut c = open(&flags, 64).unwrap();
+        assert!(c.describe().contains("40 held out") && c.describe().contains("metaspace64.json"), "{}", c.describe());
+        for w in c.batch(20, 12).chunks(12) {
+            assert!(all.windows(12).any(|x| x == w), "{w:?} is not a window of the stream");
+        }
+        c.hold_out(3, 12).unwrap();
+        assert_eq!(c.held_out(), &stream.held_out(36).unwrap()[..]);
+        assert!(c.hold_out(4, 12).unwrap_err().to_string().contains("--held-out-tokens 48"));
+        let saved = c.position();
+        let next = c.batch(2, 12);
+        let mut again = open(&flags, 64).unwrap();
+        again.restore_position(&saved).unwrap();
+        assert_eq!(again.batch(2, 12), next);
+        // A rank reading its share: the kept rows as in the whole batch, the stream at the same place,
+        // only the kept rows' tokens read.
+        let (mut whole, mut share) = (ShardedTokens::open(&dir, 7).unwrap(), ShardedTokens::open(&dir, 7).unwrap());
+        let (all_rows, odd_rows) = (whole.batch(6, 12), share.batch_rows(6, 12, &|r| r % 2 == 1));
+        for (r, (a, b)) in all_rows.chunks(12).zip(odd_rows.chunks(12)).enumerate() {
+            assert_eq!(b, if r % 2 == 1 { a } else { &[0; 12][..] }, "row {r}");
+        }
+        assert_eq!((whole.tokens_read, share.tokens_read), (72, 36));
+        assert_eq!(whole.batch(2, 12), share.batch(2, 12), "both streams at the same place");
+        assert!(refusal(&flags, 32).contains("vocabulary of 64 but the model's has 32"));
+        let other = DataFlags { data: Some(&dir), tokenizer: Some(&big), ..Default::default() };
+        assert!(refusal(&other, 300).contains("was prepared with tokenizer metaspace64.json"));
+        let same = DataFlags { data: Some(&dir), tokenizer: Some(&small), ..Default::default() };
+        open(&same, 64).unwrap();
     }
 
     #[test]

@@ -46,6 +46,14 @@ pub(crate) struct StageShape {
     pub experts: usize,
 }
 
+impl StageShape {
+    /// Whether this rank reads row `row` of a global batch: the first stage embeds its replica's rows and
+    /// the last takes their targets (see [`Stage::load_micro_batch`]); middle stages read none.
+    pub fn needs_row(&self, row: usize) -> bool {
+        (self.index == 0 || self.is_last) && (row / self.mbs) % self.replicas == self.data_rank
+    }
+}
+
 /// One rank's stage: its layers, optimizer and groups.
 pub(crate) struct Stage<'a> {
     pub shape: StageShape,

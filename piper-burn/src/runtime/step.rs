@@ -38,7 +38,9 @@ impl RankRun<'_> {
     ) -> Result<(StepMetrics, Vec<Vec<usize>>)> {
         let run = job.run;
         let start = Instant::now();
-        let mut state = self.stage.begin_step(corpus.batch(run.global_batch, run.seq_len + 1), self.micro_batches);
+        let shape = &self.stage.shape;
+        let ids = corpus.batch_rows(run.global_batch, run.seq_len + 1, &|row| shape.needs_row(row));
+        let mut state = self.stage.begin_step(ids, self.micro_batches);
         for instr in &self.stream {
             self.stage.run(*instr, &mut state, run.learning_rate(step))?;
         }

@@ -85,6 +85,11 @@ impl TextTokenizer {
         Ok(())
     }
 
+    /// The id of `token` (a special token such as `<|endoftext|>`), if the tokenizer has it.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
     /// The ids of `text`, without special tokens (training windows are cut from one long stream).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let encoding = self

@@ -43,6 +43,8 @@ enum Command {
     Checkpoint(commands::checkpoint::Args),
     /// Tokenizers for training on text: train a byte-level BPE and write its tokenizer.json.
     Tokenizer(commands::tokenizer::Args),
+    /// Training data at scale: tokenize text once into memory-mapped token shards.
+    Data(commands::data::Args),
     /// The planner against the paper's reported figures: paper value, prediction and ratio for each row
     /// (the 1.7T run, weak scaling, X-MoE comparison, single-layer table, recomputation, HALO, Table IV).
     Paper(commands::paper::Args),
@@ -72,6 +74,7 @@ fn main() {
         Command::Validate(a) => commands::validate::run(a).map_err(Into::into),
         Command::Checkpoint(a) => commands::checkpoint::run(a).map_err(Into::into),
         Command::Tokenizer(a) => commands::tokenizer::run(a).map_err(Into::into),
+        Command::Data(a) => commands::data::run(a).map_err(Into::into),
         Command::Paper(a) => commands::paper::run(a).map_err(Into::into),
     };
     match result {

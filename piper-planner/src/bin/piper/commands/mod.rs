@@ -2,6 +2,7 @@
 
 pub mod calibrate;
 pub mod checkpoint;
+pub mod data;
 pub mod memory;
 pub mod migrate;
 pub mod model;
