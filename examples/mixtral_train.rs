@@ -102,8 +102,14 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), Box<dyn std
     if a.run.profile {
         runtime::profile::enable();
     }
+    let recorder = a.run.trace.as_deref().map(runtime::trace::TraceRecorder::start).transpose()?;
     let trained = runtime::execute(&job, corpus.as_mut(), |m| reporter.observe(m))?;
     reporter.finish()?;
+    if let Some(recorder) = recorder
+        && let Some(path) = recorder.finish(world, &runtime::trace::rank_name(plan, world.rank()))?
+    {
+        println!("timeline written to {} (open it in ui.perfetto.dev)", path.display().to_string().escape_debug());
+    }
     if let (Some(p), 0) = (&trained.profile, world.rank()) {
         p.table().iter().for_each(|l| println!("{l}"));
     }

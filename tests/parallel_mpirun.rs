@@ -327,3 +327,32 @@ fn prepared_token_shards_under_mpirun_equal_one_process() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--trace` under PP=2×EP=2 (1F1B, 4 micro-batches): one merged trace, one process per rank named by
+/// its place in the grid, each rank's instruction spans its stage's stream in schedule order every step,
+/// and the expert ranks' exchanges inside them.
+#[test]
+#[cfg_attr(
+    not(feature = "mpi"),
+    ignore = "needs MPI: run scripts/test-mpi.sh (installs OpenMPI, builds with --features mpi)"
+)]
+fn trace_has_one_process_per_rank_with_its_stages_schedule() {
+    use piper_planner::layout::Schedule;
+    let dir = common::scratch("trace-mpirun");
+    let trace = dir.join("pp2ep2.json");
+    let args = ["--pp", "2", "--ep", "2", "--micro-batches", "4", "--steps", "3", "--log-every", "1"];
+    let args = [&args[..], &["--trace", trace.to_str().unwrap()]].concat();
+    let (ok, out) = run(mpirun(4, &[], &args), Duration::from_secs(300));
+    assert!(ok && out.contains("timeline written to"), "{out}");
+    let traced = common::traced_instructions(&trace);
+    assert_eq!(traced.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3]);
+    for (rank, (name, instrs)) in &traced {
+        let stage = rank / 2;
+        assert!(name.starts_with(&format!("rank {rank}: stage {stage}, expert rank {}", rank % 2)), "{name}");
+        assert_eq!(instrs, &common::expected_instructions(Schedule::OneFOneB, stage, 2, 4, 3), "rank {rank}");
+    }
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(text.contains("expert_exchange"), "the expert exchanges are spans");
+    assert!(text.contains("\"ph\":\"i\""), "the reporter's lines are instants");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -285,6 +285,42 @@ fn the_resolved_run_file_runs_the_same_run_again() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--trace`: one Chrome/Perfetto trace whose process is the rank, with every instruction of the
+/// one-process stream of 2 micro-batches, every step, in schedule order; `piper predict --trace` writes
+/// the predicted step in the same format and `piper trace merge` lays the two side by side.
+#[test]
+fn trace_holds_the_schedule_in_order_beside_the_prediction() {
+    let dir = common::scratch("trace");
+    let trace = dir.join("run.json");
+    let mut cmd = Command::new(example());
+    cmd.args(COMMON).args(["--steps", "3", "--micro-batches", "2", "--trace", trace.to_str().unwrap()]);
+    let (ok, out) = run(cmd, Duration::from_secs(120));
+    assert!(ok && out.contains("timeline written to"), "{out}");
+    let traced = common::traced_instructions(&trace);
+    assert_eq!(traced.len(), 1, "one process: {:?}", traced.keys());
+    let (name, instrs) = &traced[&0];
+    assert!(name.starts_with("rank 0: stage 0"), "{name}");
+    let want = common::expected_instructions(piper_planner::layout::Schedule::OneFOneB, 0, 1, 2, 3);
+    assert_eq!(instrs, &want);
+    let predicted = dir.join("predicted.json");
+    let mut cmd = Command::new(binary("", "piper"));
+    cmd.args(["predict", "--model", "mixtral-8x7b", "--pp", "4", "--num-micro-batches", "8"]);
+    cmd.args(["--trace", predicted.to_str().unwrap()]);
+    let (ok, out) = run(cmd, Duration::from_secs(60));
+    assert!(ok, "{out}");
+    let stages = common::traced_instructions(&predicted);
+    assert_eq!(stages.len(), 4);
+    let both = dir.join("both.json");
+    let mut cmd = Command::new(binary("", "piper"));
+    cmd.args(["trace", "merge", trace.to_str().unwrap(), predicted.to_str().unwrap(), "--out", both.to_str().unwrap()]);
+    let (ok, out) = run(cmd, Duration::from_secs(60));
+    assert!(ok, "{out}");
+    let merged = common::traced_instructions(&both);
+    assert_eq!(merged.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+    assert_eq!(merged[&1].0, "stage 0 (predicted)");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `piper data prepare` then training on the prepared folder: it evaluates on the folder's held-out
 /// split, and a run saved at step 4 and resumed trains the steps after it with the uninterrupted run's
 /// losses, bit for bit (the data position is in the checkpoint).

@@ -72,6 +72,35 @@ pub fn check_announced_counts<C: Communicator + ?Sized>(
     Ok(())
 }
 
+/// Every rank's `data` on rank `root` (in rank order; `None` elsewhere): only the root receives, so a
+/// large per-rank record (a trace) costs one message per rank.
+pub fn gather_bytes<C: Communicator + ?Sized>(
+    comm: &C,
+    data: &[u8],
+    root: usize,
+    op: &str,
+) -> Result<Option<Vec<Vec<u8>>>> {
+    let (n, me) = (comm.size(), comm.rank());
+    if root >= n {
+        return Err(CommError::invalid(op, "root", format!("is {root} in a group of {n}")));
+    }
+    let lens = exchange_counts(comm, &(0..n).map(|p| if p == root { data.len() } else { 0 }).collect::<Vec<_>>(), op)?;
+    if me != root {
+        if !data.is_empty() {
+            wait_all(comm, vec![comm.isend(root, tags::GATHER_ROOT, data.to_vec())?], op)?;
+        }
+        return Ok(None);
+    }
+    let peers: Vec<usize> = (0..n).filter(|p| *p != me && lens[*p] > 0).collect();
+    let pending = peers.iter().map(|p| comm.irecv(*p, tags::GATHER_ROOT, lens[*p])).collect::<Result<Vec<_>>>()?;
+    let mut out = vec![Vec::new(); n];
+    out[me] = data.to_vec();
+    for (peer, bytes) in peers.into_iter().zip(wait_all(comm, pending, op)?) {
+        out[peer] = bytes;
+    }
+    Ok(Some(out))
+}
+
 /// Every rank reaches this point before any leaves it.
 pub fn barrier<C: Communicator + ?Sized>(comm: &C, op: &str) -> Result<()> {
     exchange_counts(comm, &vec![0; comm.size()], op).map(|_| ())

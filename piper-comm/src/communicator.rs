@@ -19,6 +19,7 @@ pub(crate) mod tags {
     pub const COUNTS: u32 = INTERNAL_TAG_BASE;
     pub const ALL_TO_ALL: u32 = INTERNAL_TAG_BASE + 1;
     pub const GATHER: u32 = INTERNAL_TAG_BASE + 2;
+    pub const GATHER_ROOT: u32 = INTERNAL_TAG_BASE + 3;
     pub const HALO_INTRA: u32 = INTERNAL_TAG_BASE + 10;
     pub const HALO_INTER: u32 = INTERNAL_TAG_BASE + 11;
     pub const HALO_REDIST: u32 = INTERNAL_TAG_BASE + 12;

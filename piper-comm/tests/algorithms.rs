@@ -113,3 +113,23 @@ proptest! {
         }
     }
 }
+
+/// Gathering on one rank: the root holds every rank's bytes in rank order (empty ones included), the
+/// others nothing; a root outside the group is refused.
+#[test]
+fn gather_on_a_root_holds_every_ranks_bytes_in_order() {
+    use piper_comm::collectives::gather_bytes;
+    let data = |r: usize| -> Vec<u8> { (0..r * 3).map(|i| (i * 7 + r) as u8).collect() };
+    let got = LocalWorld::run(4, |c| gather_bytes(&c, &data(c.rank()), 2, "gather").unwrap());
+    for (r, g) in got.into_iter().enumerate() {
+        match g {
+            Some(all) => {
+                assert_eq!(r, 2);
+                assert_eq!(all, (0..4).map(data).collect::<Vec<_>>());
+            }
+            None => assert_ne!(r, 2),
+        }
+    }
+    let e = LocalWorld::run(2, |c| gather_bytes(&c, &[1], 5, "gather").unwrap_err().to_string());
+    assert!(e[0].contains("root"), "{e:?}");
+}

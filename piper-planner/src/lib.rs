@@ -29,5 +29,6 @@ pub mod schedule;
 pub mod split;
 pub mod text;
 pub mod time;
+pub mod trace;
 
 pub use error::{Error, Result};

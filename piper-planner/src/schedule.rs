@@ -136,6 +136,17 @@ pub struct Simulation {
     pub busy_s: Vec<f64>,
     /// Idle fraction of the stages over the makespan: 1 − Σ busy / (PP · makespan).
     pub bubble_fraction: f64,
+    /// Every stage's compute ops in the order it runs them, with their start and end, seconds.
+    #[serde(skip)]
+    pub timeline: Vec<Vec<TimedOp>>,
+}
+
+/// One compute op of the simulated step.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct TimedOp {
+    pub op: Op,
+    pub start_s: f64,
+    pub end_s: f64,
 }
 
 /// Simulates the op lists: stage `s` runs its ops in order, each forward of stage `s > 0` waits for the
@@ -149,6 +160,7 @@ pub fn simulate(schedule: Schedule, m: u64, forward_s: &[f64], backward_s: &[f64
     let mut bwd_done = vec![vec![f64::NAN; m as usize]; pp];
     let mut next = vec![0usize; pp];
     let mut clock = vec![0.0f64; pp];
+    let mut timeline: Vec<Vec<TimedOp>> = vec![Vec::new(); pp];
     let total: usize = lists.iter().map(Vec::len).sum();
     let mut done = 0;
     while done < total {
@@ -174,6 +186,7 @@ pub fn simulate(schedule: Schedule, m: u64, forward_s: &[f64], backward_s: &[f64
                     }
                 };
                 clock[s] = end;
+                timeline[s].push(TimedOp { op: *op, start_s: start, end_s: end });
                 next[s] += 1;
                 done += 1;
             }
@@ -185,7 +198,7 @@ pub fn simulate(schedule: Schedule, m: u64, forward_s: &[f64], backward_s: &[f64
     // Clamped: with no idle time, round-off in the sums can leave −2e-16.
     let bubble_fraction =
         if makespan_s > 0.0 { (1.0 - busy_s.iter().sum::<f64>() / (pp as f64 * makespan_s)).max(0.0) } else { 0.0 };
-    Simulation { makespan_s, busy_s, bubble_fraction }
+    Simulation { makespan_s, busy_s, bubble_fraction, timeline }
 }
 
 #[cfg(test)]

@@ -598,3 +598,41 @@ fn tokenizer_train_writes_a_tokenizer_that_round_trips() {
     assert_eq!(piper_planner::text::TextTokenizer::from_file(&out, "t").unwrap().vocab_size(), 300);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `piper trace merge` reads trace files only: a file that is not one is named, with the reason; the
+/// predicted timeline merges with itself as two side-by-side copies.
+#[test]
+fn trace_merge_names_a_file_that_is_not_a_trace() {
+    let dir = std::env::temp_dir().join(format!("piper-trace-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (bad, predicted, out) = (dir.join("bad\u{1b}.json"), dir.join("p.json"), dir.join("out.json"));
+    std::fs::write(&bad, "{\"steps\": 3}").unwrap();
+    let e = error_line(&["trace", "merge", bad.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(e.contains("bad\\u{1b}.json") && e.contains("traceEvents"), "{e}");
+    let p = piper(&[
+        "predict",
+        "--model",
+        "mixtral-8x7b",
+        "--pp",
+        "2",
+        "--num-micro-batches",
+        "4",
+        "--trace",
+        predicted.to_str().unwrap(),
+    ]);
+    assert!(p.status.success(), "{}", String::from_utf8_lossy(&p.stderr));
+    let both = piper(&[
+        "trace",
+        "merge",
+        predicted.to_str().unwrap(),
+        predicted.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(both.status.success(), "{}", String::from_utf8_lossy(&both.stderr));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let pids: std::collections::BTreeSet<u64> =
+        v["traceEvents"].as_array().unwrap().iter().filter_map(|e| e["pid"].as_u64()).collect();
+    assert_eq!(pids.into_iter().collect::<Vec<_>>(), [0, 1, 2, 3]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -134,3 +134,57 @@ pub fn special_outputs(dir: &Path) -> (PathBuf, std::thread::JoinHandle<String>,
     };
     (fifo, reader, device)
 }
+
+/// A `--trace` file: every process's name and its instruction spans (name and micro-batch, in the order
+/// they began), as the schedule names them; the file must be a trace-event JSON object.
+pub fn traced_instructions(path: &Path) -> std::collections::BTreeMap<u64, (String, Vec<serde_json::Value>)> {
+    use piper_planner::schedule::Instr;
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().expect("a traceEvents array");
+    let names: Vec<String> = [
+        Instr::LoadMicroBatch(0),
+        Instr::Forward(0),
+        Instr::Backward(0),
+        Instr::RecvActivation(0),
+        Instr::SendActivation(0),
+        Instr::RecvGrad(0),
+        Instr::SendGrad(0),
+        Instr::ReduceGrads,
+        Instr::OptimizerStep,
+    ]
+    .iter()
+    .map(|i| serde_json::to_value(i).unwrap()["instr"].as_str().unwrap().to_string())
+    .collect();
+    let mut out = std::collections::BTreeMap::new();
+    for e in events {
+        let pid = e["pid"].as_u64().expect("every event has a pid");
+        let entry = out.entry(pid).or_insert_with(|| (String::new(), Vec::new()));
+        if e["ph"] == "M" && e["name"] == "process_name" {
+            entry.0 = e["args"]["name"].as_str().unwrap().to_string();
+        }
+        let name = e["name"].as_str().unwrap_or("");
+        if (e["ph"] == "B" || e["ph"] == "X") && names.iter().any(|n| n == name) {
+            // tracing-chrome records fields as text.
+            let mb = &e["args"]["micro_batch"];
+            let mb = mb.as_u64().or_else(|| mb.as_str().and_then(|s| s.parse().ok()));
+            let mut v = serde_json::json!({"instr": name});
+            if let Some(mb) = mb {
+                v["micro_batch"] = mb.into();
+            }
+            entry.1.push(v);
+        }
+    }
+    out
+}
+
+/// The instruction stream of `stage` for `steps` steps, as [`traced_instructions`] reads it.
+pub fn expected_instructions(
+    schedule: piper_planner::layout::Schedule,
+    stage: u64,
+    pp: u64,
+    m: u64,
+    steps: usize,
+) -> Vec<serde_json::Value> {
+    let one = piper_planner::schedule::instructions(schedule, stage, pp, m);
+    (0..steps).flat_map(|_| one.iter().map(|i| serde_json::to_value(i).unwrap())).collect()
+}

@@ -96,6 +96,11 @@ pub struct RunArgs {
     /// Print where the steady steps' time goes (rank 0): per phase and per fused operation, with GFLOP/s.
     #[arg(long)]
     pub profile: bool,
+    /// Write the run's timeline to FILE.json, a Chrome/Perfetto trace with one process per rank: steps,
+    /// every instruction of the schedule with its micro-batch, expert exchanges, evaluation, migration
+    /// and checkpoints (rank 0 gathers the ranks' spans and writes the file).
+    #[arg(long, value_name = "FILE.json")]
+    pub trace: Option<PathBuf>,
     /// A plan file (`piper plan --out`), or `auto` (the planner, in memory). Overrides the layout flags.
     #[arg(long)]
     pub plan: Option<String>,

@@ -83,11 +83,13 @@ fn run_steps(
             profile::start_window();
         }
         let (mut metrics, counts) = rank.train_step(job, corpus, step)?;
-        metrics.migration = rank.migrate(job, step, &counts)?;
+        metrics.migration = tracing::info_span!("migration", step).in_scope(|| rank.migrate(job, step, &counts))?;
         if job.run.eval_due(step) {
+            let _span = tracing::info_span!("evaluate", step).entered();
             metrics.eval_loss = Some(rank.evaluate(job, corpus.held_out())?);
         }
-        metrics.checkpoint = rank.save_if_due(job, corpus, step)?;
+        metrics.checkpoint =
+            tracing::info_span!("checkpoint", step).in_scope(|| rank.save_if_due(job, corpus, step))?;
         if step >= profile_from {
             out.profiled_seconds += metrics.step_time_s;
         }

@@ -10,7 +10,7 @@
 //!   [`stage`] (one handler per instruction, full activation recompute in [`recompute`]), [`eval`] (the
 //!   held-out split, forward only), with [`grads`] (reduction and global-norm clipping),
 //!   [`optim`] (AdamW), [`migration`] and [`checkpoint`].
-//! - Around it: [`report`] (progress, metrics, summary), [`profile`], [`fingerprint`] (ranks agree),
+//! - Around it: [`report`] (progress, metrics, summary), [`profile`], [`trace`] (timelines), [`fingerprint`] (ranks agree),
 //!   [`reductions`] (a device probe), [`threads`], [`host`], [`peak`], [`fault`] (fault injection for
 //!   the failure tests), [`error`].
 
@@ -38,6 +38,7 @@ mod setup;
 mod stage;
 mod step;
 pub mod threads;
+pub mod trace;
 
 pub use config::{AuxLossScope, MigrationDecision, RunConfig};
 pub use error::{Result, RuntimeError};

@@ -46,6 +46,23 @@ pub(crate) struct StageShape {
     pub experts: usize,
 }
 
+/// An instruction's `tracing` span: the schedule's name for it (as `piper predict --trace` names it)
+/// and its micro-batch.
+fn instr_span(instr: Instr) -> tracing::Span {
+    use tracing::info_span;
+    match instr {
+        Instr::LoadMicroBatch(i) => info_span!("load_micro_batch", micro_batch = i),
+        Instr::RecvActivation(i) => info_span!("recv_activation", micro_batch = i),
+        Instr::Forward(i) => info_span!("forward", micro_batch = i),
+        Instr::SendActivation(i) => info_span!("send_activation", micro_batch = i),
+        Instr::RecvGrad(i) => info_span!("recv_grad", micro_batch = i),
+        Instr::Backward(i) => info_span!("backward", micro_batch = i),
+        Instr::SendGrad(i) => info_span!("send_grad", micro_batch = i),
+        Instr::ReduceGrads => info_span!("reduce_grads"),
+        Instr::OptimizerStep => info_span!("optimizer_step"),
+    }
+}
+
 impl StageShape {
     /// Whether this rank reads row `row` of a global batch: the first stage embeds its replica's rows and
     /// the last takes their targets (see [`Stage::load_micro_batch`]); middle stages read none.
@@ -159,6 +176,7 @@ impl Stage<'_> {
 
     /// Runs one instruction (its handler) and books its compute time.
     pub fn run(&mut self, instr: Instr, st: &mut StepState, lr: f64) -> Result<()> {
+        let _span = instr_span(instr).entered();
         let t = Instant::now();
         let _phase = profile::phase(match instr {
             Instr::LoadMicroBatch(_) => "load",

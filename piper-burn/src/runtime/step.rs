@@ -37,6 +37,7 @@ impl RankRun<'_> {
         step: usize,
     ) -> Result<(StepMetrics, Vec<Vec<usize>>)> {
         let run = job.run;
+        let _span = tracing::info_span!("step", step).entered();
         let start = Instant::now();
         let shape = &self.stage.shape;
         let ids = corpus.batch_rows(run.global_batch, run.seq_len + 1, &|row| shape.needs_row(row));

@@ -83,6 +83,7 @@ fn exchange_host<B: Backend>(
 ) -> FloatTensor<B> {
     // `--profile` books the staging and the wait with the transfer.
     let _p = kernels_cubecl::profile::op("expert exchange", 0.0);
+    let _span = tracing::info_span!("expert_exchange", op).entered();
     let device = x.device();
     let width = x.shape()[1];
     let data = read_sync(B::float_into_data(x)).expect("reading rows to exchange");

@@ -48,9 +48,11 @@ impl Reporter {
         Ok(Reporter { lead, steps, bar, metrics, options })
     }
 
-    /// Rank 0: a line in the bar's scroll-back (or on stdout without a bar).
+    /// Rank 0: a line in the bar's scroll-back (or on stdout without a bar), also a `tracing` event (an
+    /// instant in a `--trace` timeline).
     pub fn println(&self, line: &str) {
         if self.lead {
+            tracing::info!(target: "piper::report", "{line}");
             if self.bar.is_hidden() { println!("{line}") } else { self.bar.println(line) }
         }
     }

@@ -45,6 +45,8 @@ enum Command {
     Tokenizer(commands::tokenizer::Args),
     /// Training data at scale: tokenize text once into memory-mapped token shards.
     Data(commands::data::Args),
+    /// Timelines: merge the ranks' parts of a run's --trace into one Chrome/Perfetto trace.
+    Trace(commands::trace::Args),
     /// The planner against the paper's reported figures: paper value, prediction and ratio for each row
     /// (the 1.7T run, weak scaling, X-MoE comparison, single-layer table, recomputation, HALO, Table IV).
     Paper(commands::paper::Args),
@@ -75,6 +77,7 @@ fn main() {
         Command::Checkpoint(a) => commands::checkpoint::run(a).map_err(Into::into),
         Command::Tokenizer(a) => commands::tokenizer::run(a).map_err(Into::into),
         Command::Data(a) => commands::data::run(a).map_err(Into::into),
+        Command::Trace(a) => commands::trace::run(a).map_err(Into::into),
         Command::Paper(a) => commands::paper::run(a).map_err(Into::into),
     };
     match result {

@@ -10,6 +10,7 @@ pub mod paper;
 pub mod plan;
 pub mod predict;
 pub mod tokenizer;
+pub mod trace;
 pub mod validate;
 
 use clap::ValueEnum;

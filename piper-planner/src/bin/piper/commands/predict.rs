@@ -18,6 +18,10 @@ pub struct Args {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// Write the predicted timeline of one step (one process per stage) as a Chrome/Perfetto trace, in
+    /// the format and with the span names of a run's --trace.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: Args) -> Result<String> {
@@ -27,6 +31,10 @@ pub fn run(a: Args) -> Result<String> {
     let p = c.prediction.as_ref().expect("price() predicts");
     let b = p.breakdown(cfg.num_micro_batches);
     let stage_memory: Vec<f64> = c.stages.iter().map(|s| s.total_bytes).collect();
+    if let Some(path) = &a.trace {
+        let tail: Vec<(f64, f64)> = p.stages.iter().map(|s| (s.grad_reduce_s, s.optimizer_s)).collect();
+        piper_planner::trace::write(path, &piper_planner::trace::predicted(&p.pipeline, &tail, "predicted"))?;
+    }
     if a.json {
         let doc = json!({
             "model": spec.name, "platform": platform.name, "layout": layout, "config": cfg,
