@@ -133,6 +133,13 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), Box<dyn std
         if let Some(path) = &a.run.summary {
             summary.write(path)?;
         }
+        if let Some(dir) = &a.run.plots {
+            let m = a.run.metrics.as_deref();
+            match runtime::report::plots::write_run_plots(dir, m, &trained.metrics, best) {
+                Ok(_) => println!("pictures written to {}", dir.display().to_string().escape_debug()),
+                Err(e) => eprintln!("warning: the pictures were not drawn: {e}"),
+            }
+        }
         if let Err(e) = runtime::report::append_history(a.run.history.as_deref(), spec, plan, &summary) {
             eprintln!("warning: the run's line in the history was not kept: {e}");
         }

@@ -321,6 +321,35 @@ fn trace_holds_the_schedule_in_order_beside_the_prediction() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--plots DIR` draws the run's four pictures as PNG and SVG at the end, from the metrics file (so a
+/// resumed run's pictures hold every step): `piper plot` draws the same files from that file.
+#[test]
+fn plots_are_drawn_from_the_metrics_at_the_end() {
+    let dir = common::scratch("plots");
+    let (metrics, plots) = (dir.join("m.jsonl"), dir.join("plots"));
+    let mut cmd = Command::new(example());
+    cmd.args(COMMON).args(["--steps", "6", "--eval-every", "3", "--eval-tokens", "256"]);
+    cmd.args(["--metrics", metrics.to_str().unwrap(), "--plots", plots.to_str().unwrap()]);
+    let (ok, out) = run(cmd, Duration::from_secs(120));
+    assert!(ok && out.contains("pictures written to"), "{out}");
+    for stem in ["loss", "throughput", "expert_load", "imbalance"] {
+        for ext in ["png", "svg"] {
+            let f = plots.join(format!("{stem}.{ext}"));
+            assert!(std::fs::metadata(&f).map(|m| m.len() > 1000).unwrap_or(false), "{} is missing", f.display());
+        }
+    }
+    let loss_svg = std::fs::read_to_string(plots.join("loss.svg")).unwrap();
+    assert!(loss_svg.contains("held out") && loss_svg.contains("best possible"));
+    let again = dir.join("again");
+    let mut cmd = Command::new(binary("", "piper"));
+    cmd.args(["plot", "--metrics", metrics.to_str().unwrap(), "--out", again.to_str().unwrap()]);
+    let (ok, out) = run(cmd, Duration::from_secs(60));
+    assert!(ok, "{out}");
+    let png = |d: &std::path::Path| std::fs::read(d.join("expert_load.png")).unwrap();
+    assert_eq!(png(&plots), png(&again), "the same metrics draw the same heat map");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `piper data prepare` then training on the prepared folder: it evaluates on the folder's held-out
 /// split, and a run saved at step 4 and resumed trains the steps after it with the uninterrupted run's
 /// losses, bit for bit (the data position is in the checkpoint).

@@ -23,6 +23,7 @@ pub mod model;
 pub mod paper;
 pub mod planner;
 pub mod platform;
+pub mod plots;
 pub mod run_plan;
 pub mod runtime_work;
 pub mod schedule;

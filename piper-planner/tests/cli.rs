@@ -636,3 +636,39 @@ fn trace_merge_names_a_file_that_is_not_a_trace() {
     assert_eq!(pids.into_iter().collect::<Vec<_>>(), [0, 1, 2, 3]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `piper plan --plot DIR` draws the ranked plans: a PNG of the picture's size whose first-ranked bar
+/// (green) sits above every other (blue), and an SVG with the plans' labels.
+#[test]
+fn plan_plot_draws_the_first_choice_on_top() {
+    let dir = std::env::temp_dir().join(format!("piper-plan-plot-{}", std::process::id()));
+    let out = piper(&[
+        "plan",
+        "--model",
+        "mixtral-8x7b",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "256",
+        "--plot",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let decoder = png::Decoder::new(std::fs::File::open(dir.join("plan.png")).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut rgb = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut rgb).unwrap();
+    assert_eq!((info.width, info.height), piper_planner::plots::SIZE);
+    let rows_of = |want: fn(&[u8]) -> bool| -> Vec<u32> {
+        (0..info.height)
+            .filter(|y| (0..info.width).any(|x| want(&rgb[((y * info.width + x) * 3) as usize..][..3])))
+            .collect()
+    };
+    let green = rows_of(|p| p[1] > 200 && p[0] < 60 && p[2] < 60);
+    let blue = rows_of(|p| p[2] > 200 && p[0] > 60 && p[0] < 140 && p[1] < 140);
+    assert!(!green.is_empty() && !blue.is_empty());
+    assert!(green.last() < blue.first(), "the first choice's bar is the top one");
+    let svg = std::fs::read_to_string(dir.join("plan.svg")).unwrap();
+    assert!(svg.contains("1f1b") && svg.contains("peak memory per GPU"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

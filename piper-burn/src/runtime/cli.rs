@@ -101,6 +101,11 @@ pub struct RunArgs {
     /// and checkpoints (rank 0 gathers the ranks' spans and writes the file).
     #[arg(long, value_name = "FILE.json")]
     pub trace: Option<PathBuf>,
+    /// Draw the run's pictures into DIR at the end (rank 0), as PNG and SVG: loss (with the held-out
+    /// and the best possible), tokens/s and MFU, expert load per MoE layer (heat map), rank imbalance
+    /// and migrations; from the --metrics file when given (every step since the first, across resumes).
+    #[arg(long, value_name = "DIR")]
+    pub plots: Option<PathBuf>,
     /// A plan file (`piper plan --out`), or `auto` (the planner, in memory). Overrides the layout flags.
     #[arg(long)]
     pub plan: Option<String>,

@@ -9,6 +9,7 @@
 
 pub mod history;
 pub mod metrics;
+pub mod plots;
 pub mod progress;
 pub mod summary;
 

@@ -47,6 +47,8 @@ enum Command {
     Data(commands::data::Args),
     /// Timelines: merge the ranks' parts of a run's --trace into one Chrome/Perfetto trace.
     Trace(commands::trace::Args),
+    /// Pictures of a run from its metrics file: loss, throughput, expert load, rank imbalance.
+    Plot(commands::plot::Args),
     /// The planner against the paper's reported figures: paper value, prediction and ratio for each row
     /// (the 1.7T run, weak scaling, X-MoE comparison, single-layer table, recomputation, HALO, Table IV).
     Paper(commands::paper::Args),
@@ -78,6 +80,7 @@ fn main() {
         Command::Tokenizer(a) => commands::tokenizer::run(a).map_err(Into::into),
         Command::Data(a) => commands::data::run(a).map_err(Into::into),
         Command::Trace(a) => commands::trace::run(a).map_err(Into::into),
+        Command::Plot(a) => commands::plot::run(a).map_err(Into::into),
         Command::Paper(a) => commands::paper::run(a).map_err(Into::into),
     };
     match result {

@@ -59,9 +59,12 @@ pub fn run(a: Args) -> Result<String> {
             let index = prepare(&tok, &files, &out, &o)?;
             let train: u64 = index.train.iter().map(|s| s.tokens).sum();
             Ok(format!(
-                "prepared {}: {train} training tokens in {} files and {} held out, {} bytes per token\n",
+                "prepared {}: {train} training tokens in {} and {} held out, {} bytes per token\n",
                 out.display().to_string().escape_debug(),
-                index.train.len(),
+                match index.train.len() {
+                    1 => "1 file".to_string(),
+                    n => format!("{n} files"),
+                },
                 index.held_out.tokens,
                 index.token_bytes
             ))

@@ -8,6 +8,7 @@ pub mod migrate;
 pub mod model;
 pub mod paper;
 pub mod plan;
+pub mod plot;
 pub mod predict;
 pub mod tokenizer;
 pub mod trace;

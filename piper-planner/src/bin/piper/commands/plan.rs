@@ -64,6 +64,9 @@ pub struct Args {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// Draw the ranked plans' predicted step and peak memory into DIR/plan.png and DIR/plan.svg.
+    #[arg(long, value_name = "DIR")]
+    plot: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: Args) -> Result<String> {
@@ -100,6 +103,13 @@ pub fn run(a: Args) -> Result<String> {
         let text = serde_json::to_string_pretty(&run).expect("json");
         piper_planner::atomic::write_atomic(path, text.as_bytes())
             .map_err(|e| piper_planner::Error::file(path.display().to_string(), format!("cannot write: {e}")))?;
+    }
+    if let Some(dir) = &a.plot {
+        let title = format!(
+            "{} on {} × {}, global batch {} × {} tokens (rows: PP×EP×DP mbs·M schedule recompute all-to-all)",
+            spec.name, a.gpus, platform.name, a.global_batch, a.train.seq_len
+        );
+        piper_planner::plots::plan::plot_plans(&report.plans, platform.gpu_memory_gib, &title, dir)?;
     }
     if a.json {
         let doc = json!({
