@@ -2,13 +2,16 @@
 //! the trainer saved (`--checkpoint PATH`, with `--tokenizer FILE` for text):
 //! `cargo run --release --example generate -- --model DIR --prompt "Once upon" --max-new-tokens 40`.
 //! Greedy by default (`--temperature 0`), else sampled (`--temperature`, `--top-k`, `--seed`); `--json
-//! OUT` gets `{"prompt_ids", "generated_ids", "text"}`. Policy lives in `piper_models::generate`.
+//! OUT` gets `{"prompt_ids", "generated_ids", "text"}`. A checkpoint trained on the synthetic grammar
+//! also reports the share of generated transitions the grammar allows. Policy lives in
+//! `piper_models::generate` and `piper_models::grammar_check`.
 
 use std::path::PathBuf;
 
 use burn::prelude::*;
 use clap::Parser;
 use piper::models::generate::{Sampling, generate};
+use piper::models::grammar_check::checkpoint_grammar;
 use piper::planner::text::TextTokenizer;
 
 /// Generate tokens after a prompt, with a key/value cache.
@@ -43,9 +46,13 @@ struct Args {
     /// Stop after this token id (an end-of-text token).
     #[arg(long, value_name = "ID")]
     stop_id: Option<u32>,
-    /// Write `{"prompt_ids", "generated_ids", "text"}` here.
+    /// Write `{"prompt_ids", "generated_ids", "text"}` here (and `grammar_transitions` for a checkpoint
+    /// trained on the synthetic grammar).
     #[arg(long)]
     json: Option<PathBuf>,
+    /// The --grammar-branching of the run that saved --checkpoint, when it trained on the grammar.
+    #[arg(long, default_value_t = 3)]
+    grammar_branching: usize,
 }
 
 fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
@@ -76,7 +83,18 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         seed: a.seed,
         stop: a.stop_id,
     };
+    let grammar = match &a.checkpoint {
+        Some(path) => checkpoint_grammar(path, a.grammar_branching)?,
+        None => None,
+    };
     let generated_ids = generate(&model, &prompt_ids, &sampling)?;
+    let grammar_transitions = grammar.map(|g| {
+        let ids: Vec<i64> = prompt_ids.iter().chain(&generated_ids).map(|&x| x as i64).collect();
+        let (allowed, total) = g.allowed_transitions(&ids, prompt_ids.len());
+        let share = if total > 0 { 100.0 * allowed as f64 / total as f64 } else { f64::NAN };
+        eprintln!("grammar: {allowed} of {total} generated transitions allowed ({share:.1}%)");
+        serde_json::json!({"allowed": allowed, "total": total})
+    });
     let text = match &tokenizer {
         Some(t) => Some(t.decode(&[prompt_ids.clone(), generated_ids.clone()].concat())?),
         None => None,
@@ -86,7 +104,10 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         None => println!("{generated_ids:?}"),
     }
     if let Some(path) = &a.json {
-        let doc = serde_json::json!({"prompt_ids": prompt_ids, "generated_ids": generated_ids, "text": text});
+        let mut doc = serde_json::json!({"prompt_ids": prompt_ids, "generated_ids": generated_ids, "text": text});
+        if let Some(g) = grammar_transitions {
+            doc["grammar_transitions"] = g;
+        }
         piper::planner::atomic::write_atomic(path, serde_json::to_string_pretty(&doc)?.as_bytes())
             .map_err(|e| format!("--json {}: {e}", path.display()))?;
     }

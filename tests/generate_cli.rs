@@ -62,6 +62,13 @@ fn a_trained_checkpoint_generates_and_bad_prompts_are_refused() {
     let got: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let generated = ids(&got["generated_ids"]);
     assert!(generated.len() == 5 && generated.iter().all(|t| *t < 256), "{got}");
+    // Trained on the grammar: the share of generated transitions it allows is reported.
+    assert_eq!(got["grammar_transitions"]["total"], 5, "{got}");
+    assert!(out.contains("generated transitions allowed"), "{out}");
+    let mut wrong = generate();
+    wrong.args(["--checkpoint", dir.to_str().unwrap(), "--prompt-ids", "1,2", "--grammar-branching", "4"]);
+    let (ok, out) = run(wrong, Duration::from_secs(60));
+    assert!(!ok && out.contains("--grammar-branching 4 does not rebuild the checkpoint's grammar"), "{out}");
     let mut bad = generate();
     bad.args(["--checkpoint", dir.to_str().unwrap(), "--prompt-ids", "1,999"]);
     let (ok, out) = run(bad, Duration::from_secs(60));

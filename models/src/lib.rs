@@ -9,6 +9,7 @@
 
 pub mod eval;
 pub mod generate;
+pub mod grammar_check;
 pub mod load;
 
 pub use load::{ModelError, folder_spec, load_checkpoint, load_hf_folder, load_weights};

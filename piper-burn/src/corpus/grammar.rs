@@ -75,6 +75,27 @@ impl Grammar {
         self.entropy
     }
 
+    /// Whether the grammar allows `c` after `a, b`.
+    pub fn allows(&self, a: usize, b: usize, c: usize) -> bool {
+        a < self.alphabet && b < self.alphabet && self.rules[a * self.alphabet + b].0.contains(&c)
+    }
+
+    /// Of the transitions into positions `first..` of `ids` (each after the two ids before it), how many
+    /// the grammar allows, and how many there are: the share of a model's generated tokens that follow
+    /// the grammar (ids outside the alphabet are not allowed).
+    pub fn allowed_transitions(&self, ids: &[i64], first: usize) -> (usize, usize) {
+        let symbol = |x: i64| usize::try_from(x).ok().filter(|s| *s < self.alphabet);
+        let targets = first.max(2)..ids.len();
+        let allowed = targets
+            .clone()
+            .filter(|&i| match (symbol(ids[i - 2]), symbol(ids[i - 1]), symbol(ids[i])) {
+                (Some(a), Some(b), Some(c)) => self.allows(a, b, c),
+                _ => false,
+            })
+            .count();
+        (allowed, targets.len())
+    }
+
     fn step(&mut self) -> usize {
         let (a, b) = self.state;
         let (next, cum) = &self.rules[a * self.alphabet + b];
@@ -177,6 +198,21 @@ mod tests {
         b.restore_position(&saved).unwrap();
         assert_eq!(b.batch(2, 10), want);
         assert!(Grammar::new(9, 3, 5).restore_position(&saved).unwrap_err().to_string().contains("trained on"));
+    }
+
+    /// The grammar's own stream follows it everywhere; a uniform random stream follows it about
+    /// branching / alphabet of the time; symbols outside the alphabet never do.
+    #[test]
+    fn allowed_transitions_count_what_the_grammar_allows() {
+        let mut g = Grammar::new(12, 3, 4);
+        let own = g.batch(1, 2000);
+        assert_eq!(g.allowed_transitions(&own, 0), (1998, 1998));
+        let mut rng = Rng::new(9);
+        let noise: Vec<i64> = (0..20_000).map(|_| rng.below(12) as i64).collect();
+        let (allowed, total) = g.allowed_transitions(&noise, 100);
+        let share = allowed as f64 / total as f64;
+        assert!((share - 0.25).abs() < 0.02 && total == 19_900, "{share}");
+        assert_eq!(g.allowed_transitions(&[own[0], own[1], 12, -1], 2), (0, 2));
     }
 
     #[test]
