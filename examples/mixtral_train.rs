@@ -17,6 +17,7 @@ use piper::modules::CausalLmConfig;
 use piper::modules::runtime::cli::{ResolvedRun, RunArgs};
 use piper::modules::runtime::report::describe_run;
 use piper::modules::runtime::run_file::{expand_config, run_file_beside, write_run_file};
+use piper::modules::runtime::threads::ThreadShare;
 use piper::modules::runtime::{self, Job, Reporter};
 use piper::planner::model::training_flops_per_token;
 
@@ -60,7 +61,11 @@ fn device(backend: Backend) -> Result<burn::tensor::Device, String> {
     }
 }
 
-fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), Box<dyn std::error::Error>> {
+fn run(
+    a: Args,
+    world: &dyn piper::comm::Communicator,
+    threads: Option<ThreadShare>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let ResolvedRun { spec, platform, config, plan, checkpoint, resume, init_hf } = a.run.resolve(world.size())?;
     let mut model = CausalLmConfig::from_spec(&spec)?;
     model.zero_router = a.run.zero_router;
@@ -98,6 +103,10 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), Box<dyn std
     }
     for line in describe_run(spec, plan, &corpus.describe(), &format!("{:?}", a.backend), peak_flops) {
         reporter.println(&line);
+    }
+    match threads {
+        Some(t) => reporter.println(&format!("threads: {} per rank ({})", t.threads, t.why)),
+        None => reporter.println("threads: as RAYON_NUM_THREADS says"),
     }
     if a.run.profile {
         runtime::profile::enable();
@@ -150,10 +159,10 @@ fn run(a: Args, world: &dyn piper::comm::Communicator) -> Result<(), Box<dyn std
 fn main() {
     piper::alloc::keep_freed_pages();
     // Before anything starts the thread pool: ranks on one host share its cores.
-    if let Err(e) = piper::modules::runtime::threads::share_cores() {
+    let threads = piper::modules::runtime::threads::share_cores().unwrap_or_else(|e| {
         eprintln!("error: {e}");
-        std::process::exit(2);
-    }
+        std::process::exit(2)
+    });
     let args = expand_config(std::env::args_os().collect(), &Args::command()).unwrap_or_else(|e| {
         eprintln!("error: {e}");
         std::process::exit(2)
@@ -175,7 +184,7 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(2)
     });
-    if let Err(e) = run(args, world.comm.as_ref()) {
+    if let Err(e) = run(args, world.comm.as_ref(), threads) {
         eprintln!("error: {e}");
         // Leave without finalising MPI: the other ranks may be gone or stuck.
         std::process::exit(2);

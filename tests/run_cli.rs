@@ -350,6 +350,39 @@ fn plots_are_drawn_from_the_metrics_at_the_end() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Threads per rank: a rank the launcher bound (OpenMPI's `OMPI_MCA_orte_bound_at_launch`, Slurm's
+/// `SLURM_CPU_BIND_TYPE`) keeps the cores of its affinity mask (`taskset`); an unbound one shares the
+/// host's cores with the other ranks on it; the choice is printed.
+#[test]
+fn a_bound_rank_keeps_its_cores_and_says_so() {
+    let line = |env: &[(&str, &str)]| {
+        let mut cmd = Command::new("taskset");
+        cmd.args(["-c", "0,1"]).arg(example()).args(COMMON).args(["--steps", "1"]);
+        cmd.env("OMPI_COMM_WORLD_LOCAL_SIZE", "2").env_remove("RAYON_NUM_THREADS");
+        cmd.env_remove("OMPI_MCA_orte_bound_at_launch").env_remove("SLURM_CPU_BIND_TYPE");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let (ok, out) = run(cmd, Duration::from_secs(120));
+        assert!(ok, "{out}");
+        out.lines().find(|l| l.starts_with("threads:")).unwrap_or_else(|| panic!("no threads line: {out}")).to_string()
+    };
+    let cores = std::thread::available_parallelism().unwrap().get().min(2);
+    let shared = line(&[]);
+    assert_eq!(
+        shared,
+        format!("threads: {} per rank ({cores} cores shared by 2 ranks on the host)", (cores / 2).max(1))
+    );
+    for bound in [("OMPI_MCA_orte_bound_at_launch", "1"), ("SLURM_CPU_BIND_TYPE", "mask_cpu:")] {
+        assert_eq!(
+            line(&[bound]),
+            format!("threads: {cores} per rank (the {cores} cores the launcher bound this rank to)")
+        );
+    }
+    let none = line(&[("SLURM_CPU_BIND_TYPE", "none")]);
+    assert_eq!(none, shared, "srun --cpu-bind=none does not bind");
+}
+
 /// `piper data prepare` then training on the prepared folder: it evaluates on the folder's held-out
 /// split, and a run saved at step 4 and resumed trains the steps after it with the uninterrupted run's
 /// losses, bit for bit (the data position is in the checkpoint).

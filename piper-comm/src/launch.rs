@@ -58,7 +58,16 @@ pub fn threads_per_rank(cores: usize, local_ranks: usize) -> usize {
     (cores / local_ranks.max(1)).max(1)
 }
 
-/// This host's cores.
+/// Whether the launcher bound this rank to cores of its own, so that its affinity mask is its share:
+/// OpenMPI's `mpirun` says so in `OMPI_MCA_orte_bound_at_launch`, Slurm's `srun` in
+/// `SLURM_CPU_BIND_TYPE` (anything but `none`).
+pub fn launcher_bound() -> bool {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    var("OMPI_MCA_orte_bound_at_launch").is_some_and(|v| v.trim() == "1")
+        || var("SLURM_CPU_BIND_TYPE").is_some_and(|v| !v.trim().starts_with("none"))
+}
+
+/// The cores this process may run on (its affinity mask and the container's CPU quota).
 pub fn host_cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
