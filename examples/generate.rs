@@ -83,6 +83,16 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         seed: a.seed,
         stop: a.stop_id,
     };
+    if let Some(path) = &a.checkpoint {
+        let trained = piper::models::checkpoint_trained_length(path)?;
+        let positions = prompt_ids.len() + a.max_new_tokens;
+        if positions as u64 > trained {
+            eprintln!(
+                "warning: the prompt and --max-new-tokens reach position {positions}, past the {trained} tokens per \
+                 sequence the checkpoint trained on: expect worse tokens there"
+            );
+        }
+    }
     let grammar = match &a.checkpoint {
         Some(path) => checkpoint_grammar(path, a.grammar_branching)?,
         None => None,

@@ -12,6 +12,6 @@ pub mod generate;
 pub mod grammar_check;
 pub mod load;
 
-pub use load::{ModelError, folder_spec, load_checkpoint, load_hf_folder, load_weights};
+pub use load::{ModelError, checkpoint_trained_length, folder_spec, load_checkpoint, load_hf_folder, load_weights};
 pub use piper_burn::{CausalLm, CausalLmConfig};
 pub use piper_planner::model::{preset, resolve_model};

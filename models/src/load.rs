@@ -74,3 +74,10 @@ pub fn load_checkpoint(path: &Path, device: &Device) -> Result<(ModelSpec, Causa
     let _ = std::fs::remove_dir_all(&tmp);
     loaded
 }
+
+/// The tokens per sequence checkpoint `path` trained on: positions past it were never seen in training,
+/// and a model's output there degrades.
+pub fn checkpoint_trained_length(path: &Path) -> Result<u64, ModelError> {
+    let folder = piper_planner::checkpoint::resolve(path)?;
+    Ok(piper_planner::checkpoint::Manifest::load(&folder)?.plan.seq_len)
+}
