@@ -68,7 +68,10 @@ fn a_trained_checkpoint_generates_and_bad_prompts_are_refused() {
     let mut long = generate();
     long.args(["--checkpoint", dir.to_str().unwrap(), "--prompt-ids", "1,2,3", "--max-new-tokens", "16"]);
     let (ok, out) = run(long, Duration::from_secs(60));
-    assert!(ok && out.contains("reach position 19, past the 15 tokens per sequence the checkpoint trained on"), "{out}");
+    assert!(
+        ok && out.contains("reach position 19, past the 15 tokens per sequence the checkpoint trained on"),
+        "{out}"
+    );
     let mut wrong = generate();
     wrong.args(["--checkpoint", dir.to_str().unwrap(), "--prompt-ids", "1,2", "--grammar-branching", "4"]);
     let (ok, out) = run(wrong, Duration::from_secs(60));

@@ -634,6 +634,15 @@ fn trace_merge_names_a_file_that_is_not_a_trace() {
     let pids: std::collections::BTreeSet<u64> =
         v["traceEvents"].as_array().unwrap().iter().filter_map(|e| e["pid"].as_u64()).collect();
     assert_eq!(pids.into_iter().collect::<Vec<_>>(), [0, 1, 2, 3]);
+    // Drawn as a picture; a window that is not FROM:TO, or holds no span, is refused.
+    let pictures = dir.join("pictures");
+    let plot = piper(&["trace", "plot", out.to_str().unwrap(), "--out", pictures.to_str().unwrap()]);
+    assert!(plot.status.success(), "{}", String::from_utf8_lossy(&plot.stderr));
+    assert!(std::fs::metadata(pictures.join("timeline.png")).unwrap().len() > 1000);
+    let e = error_line(&["trace", "plot", out.to_str().unwrap(), "--out", "x", "--window", "5:1"]);
+    assert!(e.contains("--window") && e.contains("not an increasing window"), "{e}");
+    let far = piper(&["trace", "plot", out.to_str().unwrap(), "--out", "x", "--window", "1e12:2e12"]);
+    assert!(!far.status.success() && String::from_utf8_lossy(&far.stderr).contains("no span falls in it"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -1,9 +1,10 @@
 //! Pictures of runs and plans, as PNG and SVG, drawn with `plotters` and a font bundled with the binary
 //! (no system fonts needed): [`run`] draws a training run from its metrics, [`plan`] the layouts the
-//! planner ranked.
+//! planner ranked, [`timeline`] a trace's spans.
 
 pub mod plan;
 pub mod run;
+pub mod timeline;
 
 use std::path::{Path, PathBuf};
 use std::sync::Once;

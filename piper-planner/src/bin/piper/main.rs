@@ -45,7 +45,7 @@ enum Command {
     Tokenizer(commands::tokenizer::Args),
     /// Training data at scale: tokenize text once into memory-mapped token shards.
     Data(commands::data::Args),
-    /// Timelines: merge the ranks' parts of a run's --trace into one Chrome/Perfetto trace.
+    /// Timelines: merge traces (a run's and a prediction's) into one Chrome/Perfetto trace, or draw one.
     Trace(commands::trace::Args),
     /// Pictures of a run from its metrics file: loss, throughput, expert load, rank imbalance.
     Plot(commands::plot::Args),
