@@ -4,8 +4,10 @@
 //! This root crate re-exports the workspace crates so that examples and integration tests can use one
 //! path: the resource model and planner ([`planner`]), the communication layer ([`comm`]; its MPI backend
 //! behind the `mpi` feature), the kernels ([`kernels`]), the Burn modules ([`modules`]) and the model
-//! definitions ([`models`]).
+//! definitions ([`models`]), and [`burn`] itself at the version they are built with (so a model author's
+//! crate uses `piper::burn` instead of matching Burn's exact version by hand).
 
+pub use burn;
 pub use kernels_cubecl as kernels;
 pub use piper_burn as modules;
 pub use piper_comm as comm;

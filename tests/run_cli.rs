@@ -261,6 +261,10 @@ fn evaluations_reach_the_output_the_metrics_and_the_summary() {
     assert!(out.contains(&format!("step    19  held-out loss {:.4}", evals[1].1)), "{out}");
     let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
     assert_eq!(s["eval_loss"].as_f64(), Some(evals[1].1));
+    // The summary reads back as the library's type.
+    let typed: piper::modules::runtime::report::RunSummary =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!((typed.steps, typed.eval_loss), (20, Some(evals[1].1)));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -338,6 +342,11 @@ fn plots_are_drawn_from_the_metrics_at_the_end() {
             assert!(std::fs::metadata(&f).map(|m| m.len() > 1000).unwrap_or(false), "{} is missing", f.display());
         }
     }
+    // The metrics file reads back as the library's type (a model author's own tools).
+    let steps: Vec<piper::modules::runtime::report::StepMetrics> =
+        std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(steps.iter().map(|m| m.step).collect::<Vec<_>>(), (0..6).collect::<Vec<_>>());
+    assert_eq!(steps.iter().filter(|m| m.eval_loss.is_some()).count(), 2, "evaluations after steps 2 and 5");
     let loss_svg = std::fs::read_to_string(plots.join("loss.svg")).unwrap();
     assert!(loss_svg.contains("held out") && loss_svg.contains("best possible"));
     let again = dir.join("again");

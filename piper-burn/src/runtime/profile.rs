@@ -126,7 +126,7 @@ impl StepProfile {
 }
 
 /// One row of a step's profile: seconds per step of an operation in a phase.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ProfileRow {
     pub phase: String,
     pub op: String,

@@ -5,12 +5,12 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use piper_planner::atomic::write_atomic;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::runtime::error::{Result, RuntimeError};
 
 /// What one step did (every rank gets the same numbers).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StepMetrics {
     pub step: usize,
     /// Next-token cross-entropy, nats.
@@ -35,7 +35,7 @@ pub struct StepMetrics {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bubble: Option<f64>,
     /// Expert migrations after this step (one per rebalanced MoE layer).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub migration: Vec<MigrationEvent>,
     /// The checkpoint saved after this step.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -47,7 +47,7 @@ pub struct StepMetrics {
 }
 
 /// One migration of one MoE layer (in every expert group of the layer's stage).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MigrationEvent {
     /// Index of the MoE layer in the model.
     pub layer: usize,
@@ -68,7 +68,7 @@ pub struct MigrationEvent {
 }
 
 /// A checkpoint a step saved: where, how large (all shards and the manifest), how long it took.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SavedCheckpoint {
     pub folder: PathBuf,
     pub bytes: u64,

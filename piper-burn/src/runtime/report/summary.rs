@@ -6,13 +6,13 @@ use std::path::Path;
 use piper_planner::atomic::write_atomic;
 use piper_planner::calibrate::steal::STEAL_WARN;
 use piper_planner::run_plan::{Predicted, RunPlan};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::metrics::StepMetrics;
 use crate::runtime::error::{Result, RuntimeError};
 
 /// `{"pp", "ep", "dp"}` of the summary.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SummaryLayout {
     pub pp: u64,
     pub ep: u64,
@@ -20,7 +20,7 @@ pub struct SummaryLayout {
 }
 
 /// The run summary (`--summary FILE.json`), rank 0.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunSummary {
     pub layout: SummaryLayout,
     pub micro_batches: u64,
@@ -52,7 +52,7 @@ pub struct RunSummary {
     pub eval_loss: Option<f64>,
     pub platform: String,
     /// Rank 0's profile of the steady steps, with `--profile`.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub profile: Vec<crate::runtime::profile::ProfileRow>,
     /// CPU time the host gave other guests while the steps ran (Linux `steal`; rank 0's host).
     #[serde(skip_serializing_if = "Option::is_none")]
