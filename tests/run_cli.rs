@@ -423,6 +423,19 @@ fn prepared_token_shards_train_evaluate_and_resume_bit_exact() {
     let resumed = dir.join("resumed.jsonl");
     train(&["--resume", ckpt.join("step-00000004").to_str().unwrap()], &resumed);
     assert_eq!(common::losses(&resumed), common::losses(&whole)[4..], "steps 4..8 after the resume");
+    // A shard changed after preparation (same size, an id outside the vocabulary everywhere): refused
+    // at the first step that reads it, naming the file, exit 2.
+    for entry in std::fs::read_dir(&prepared).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "bin") && path.file_name().unwrap() != "held-out.bin" {
+            let n = std::fs::metadata(&path).unwrap().len() as usize;
+            std::fs::write(&path, 9999u16.to_le_bytes().repeat(n / 2)).unwrap();
+        }
+    }
+    let mut cmd = Command::new(example());
+    cmd.args(["--data", prepared.to_str().unwrap(), "--steps", "2", "--batch-size", "4", "--seq-len", "15"]);
+    let (ok, out) = run(cmd, Duration::from_secs(120));
+    assert!(!ok && out.contains("outside the vocabulary of 64") && out.contains(".bin"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -68,6 +68,11 @@ pub trait Corpus {
         let _ = keep;
         self.batch(batch, seq_len)
     }
+    /// What went wrong reading the data, if anything did (a corrupted shard): the batch drawn since
+    /// holds zeros where it could not be read, and the run stops with this error.
+    fn fault(&self) -> Option<String> {
+        None
+    }
     /// Size of the token space the data uses (ids are below it).
     fn vocab_size(&self) -> usize;
     /// The lowest achievable cross-entropy (nats per token), if known.
@@ -406,6 +411,17 @@ mod tests {
         assert_eq!((whole.tokens_read, share.tokens_read), (72, 36));
         assert_eq!(whole.batch(2, 12), share.batch(2, 12), "both streams at the same place");
         assert!(refusal(&flags, 32).contains("vocabulary of 64 but the model's has 32"));
+        // A shard changed after preparation: the first window that reads the bad id reports it, naming
+        // the file; the batch holds no id outside the vocabulary.
+        let shard = dir.join("train-00000.bin");
+        let mut bytes = std::fs::read(&shard).unwrap();
+        bytes[20..22].copy_from_slice(&999u16.to_le_bytes());
+        std::fs::write(&shard, bytes).unwrap();
+        let mut bad = ShardedTokens::open(&dir, 7).unwrap();
+        let drawn: Vec<i64> = (0..50).flat_map(|_| bad.batch(4, 12)).collect();
+        let fault = bad.fault().expect("a window crossed the changed token");
+        assert!(fault.contains("train-00000.bin") && fault.contains("token 999 at position 10"), "{fault}");
+        assert!(drawn.iter().all(|t| (0..64).contains(t)));
         let other = DataFlags { data: Some(&dir), tokenizer: Some(&big), ..Default::default() };
         assert!(refusal(&other, 300).contains("was prepared with tokenizer metaspace64.json"));
         let same = DataFlags { data: Some(&dir), tokenizer: Some(&small), ..Default::default() };

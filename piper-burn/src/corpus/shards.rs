@@ -16,6 +16,8 @@ pub struct ShardedTokens {
     held_out: Vec<i64>,
     /// Train tokens read from the shards so far (what this rank's batches needed).
     pub tokens_read: u64,
+    /// The first id read that is outside the vocabulary (a shard changed since it was prepared).
+    fault: Option<String>,
 }
 
 impl ShardedTokens {
@@ -33,7 +35,14 @@ impl ShardedTokens {
                 ),
             });
         }
-        Ok(ShardedTokens { shards, rng: Rng::new(seed), name: shown(dir), held_out: Vec::new(), tokens_read: 0 })
+        Ok(ShardedTokens {
+            shards,
+            rng: Rng::new(seed),
+            name: shown(dir),
+            held_out: Vec::new(),
+            tokens_read: 0,
+            fault: None,
+        })
     }
 
     /// The tokenizer the shards were made with: its file name and digest.
@@ -57,7 +66,14 @@ impl Corpus for ShardedTokens {
             }
             self.tokens_read += seq_len as u64;
             match start {
-                Some(start) => ids.copy_from_slice(&self.shards.window(start, seq_len)),
+                Some(start) => {
+                    let window = self.shards.window(start, seq_len);
+                    match self.shards.check_window(&window, start) {
+                        Ok(()) => ids.copy_from_slice(&window),
+                        // The ids stay 0 (inside every vocabulary); the step reports the fault.
+                        Err(e) => self.fault = self.fault.take().or(Some(e.to_string())),
+                    }
+                }
                 // A stream shorter than a sequence repeats, as a short text does.
                 None => {
                     let all = self.shards.window(0, n as usize);
@@ -95,7 +111,7 @@ impl Corpus for ShardedTokens {
     fn hold_out(&mut self, sequences: usize, len: usize) -> Result<(), DataError> {
         let want = sequences.saturating_mul(len);
         let have = self.shards.index.held_out.tokens;
-        self.held_out = self.shards.held_out(want).ok_or_else(|| DataError::Flag {
+        let held_out = self.shards.held_out(want).ok_or_else(|| DataError::Flag {
             flag: "--eval-tokens",
             why: format!(
                 "needs {sequences} sequences of {len} tokens ({want}), but {} holds out {have}: lower --eval-tokens, \
@@ -103,7 +119,21 @@ impl Corpus for ShardedTokens {
                 self.name
             ),
         })?;
+        let vocab = self.shards.index.vocab_size as i64;
+        if let Some(t) = held_out.iter().find(|&&t| t < 0 || t >= vocab) {
+            return Err(DataError::Flag {
+                flag: "--data",
+                why: format!(
+                    "{}: the held-out file holds token {t}, outside the vocabulary of {vocab}: the folder changed after it was prepared; prepare it again",
+                    self.name
+                ),
+            });
+        }
+        self.held_out = held_out;
         Ok(())
+    }
+    fn fault(&self) -> Option<String> {
+        self.fault.clone()
     }
     fn held_out(&self) -> &[i64] {
         &self.held_out

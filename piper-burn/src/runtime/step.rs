@@ -41,6 +41,9 @@ impl RankRun<'_> {
         let start = Instant::now();
         let shape = &self.stage.shape;
         let ids = corpus.batch_rows(run.global_batch, run.seq_len + 1, &|row| shape.needs_row(row));
+        if let Some(why) = corpus.fault() {
+            return Err(RuntimeError::invalid("--data", why));
+        }
         let mut state = self.stage.begin_step(ids, self.micro_batches);
         for instr in &self.stream {
             self.stage.run(*instr, &mut state, run.learning_rate(step))?;

@@ -331,6 +331,24 @@ impl TokenShards {
         out
     }
 
+    /// The first id of `ids` (the train stream's tokens from `start`) outside the index's vocabulary, as
+    /// an error naming its file and position: a shard changed after it was prepared.
+    pub fn check_window(&self, ids: &[i64], start: u64) -> Result<()> {
+        let vocab = self.index.vocab_size as i64;
+        let Some(i) = ids.iter().position(|&t| t < 0 || t >= vocab) else { return Ok(()) };
+        let at = start + i as u64;
+        let file = self.starts.partition_point(|s| *s <= at).saturating_sub(1);
+        let path = self.folder.join(&self.index.train[file].name);
+        Err(Error::file(
+            shown(&path),
+            format!(
+                "token {} at position {} is outside the vocabulary of {vocab}: the shard changed after it was prepared; prepare it again",
+                ids[i],
+                at - self.starts[file]
+            ),
+        ))
+    }
+
     /// The first `n` held-out tokens.
     pub fn held_out(&self, n: usize) -> Option<Vec<i64>> {
         (n as u64 <= self.index.held_out.tokens).then(|| (0..n).map(|i| self.token(&self.held_out, i)).collect())
