@@ -15,10 +15,17 @@ pub struct World {
 
 /// Whether the environment says this process is one rank of a multi-process launch.
 pub fn launched_by_mpi() -> bool {
-    // OpenMPI's mpirun, and PMI launchers (MPICH, Cray's srun on Frontier).
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
-        .iter()
-        .any(|v| std::env::var(v).is_ok_and(|s| s.parse::<usize>().is_ok_and(|n| n > 1)))
+    launched_by_mpi_in(&|name| std::env::var(name).ok())
+}
+
+/// [`launched_by_mpi`] over an environment: OpenMPI's `mpirun` (`OMPI_COMM_WORLD_SIZE`), PMI launchers
+/// (`PMI_SIZE`: MPICH, Cray's `srun` on Frontier), and PMIx launchers, which give each rank
+/// `PMIX_RANK` but no size (`srun --mpi=pmix`: the step's task count is `SLURM_STEP_NUM_TASKS`).
+pub fn launched_by_mpi_in(env: &dyn Fn(&str) -> Option<String>) -> bool {
+    let more_than_one = |name: &str| env(name).is_some_and(|s| s.trim().parse::<usize>().is_ok_and(|n| n > 1));
+    more_than_one("OMPI_COMM_WORLD_SIZE")
+        || more_than_one("PMI_SIZE")
+        || (env("PMIX_RANK").is_some() && (more_than_one("SLURM_STEP_NUM_TASKS") || more_than_one("SLURM_NTASKS")))
 }
 
 /// The world of this process.
@@ -40,14 +47,20 @@ pub fn init_world() -> Result<World> {
 }
 
 /// Launcher variables holding the number of ranks on this host, in order of trust.
-const LOCAL_SIZE_VARS: [&str; 3] = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"];
+const LOCAL_SIZE_VARS: [&str; 4] =
+    ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"];
 
-/// Ranks the launcher started on this host, if it says (`SLURM_NTASKS_PER_NODE` may read `4(x2)`: its
-/// leading count is taken).
+/// Ranks the launcher started on this host, if it says (Slurm's `4(x2)` or `4,3`: the leading count is
+/// taken).
 pub fn local_ranks() -> Option<usize> {
+    local_ranks_in(&|name| std::env::var(name).ok())
+}
+
+/// [`local_ranks`] over an environment.
+pub fn local_ranks_in(env: &dyn Fn(&str) -> Option<String>) -> Option<usize> {
     LOCAL_SIZE_VARS.iter().find_map(|var| {
-        let text = std::env::var(var).ok()?;
-        let digits: String = text.chars().take_while(char::is_ascii_digit).collect();
+        let text = env(var)?;
+        let digits: String = text.trim().chars().take_while(char::is_ascii_digit).collect();
         digits.parse::<usize>().ok().filter(|n| *n > 0)
     })
 }
@@ -75,6 +88,26 @@ pub fn host_cores() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn launches_are_recognised_by_their_launchers_variables() {
+        assert!(launched_by_mpi_in(&env(&[("OMPI_COMM_WORLD_SIZE", "4")])));
+        assert!(launched_by_mpi_in(&env(&[("PMI_SIZE", "2")])));
+        assert!(launched_by_mpi_in(&env(&[("PMIX_RANK", "0"), ("SLURM_STEP_NUM_TASKS", "2")])), "srun --mpi=pmix");
+        assert!(!launched_by_mpi_in(&env(&[("PMIX_RANK", "0"), ("SLURM_STEP_NUM_TASKS", "1")])));
+        assert!(!launched_by_mpi_in(&env(&[("SLURM_NTASKS", "8")])), "a batch script is not a rank");
+        assert!(!launched_by_mpi_in(&env(&[("OMPI_COMM_WORLD_SIZE", "1")])));
+        assert_eq!(local_ranks_in(&env(&[("SLURM_STEP_TASKS_PER_NODE", "4(x2)")])), Some(4));
+        assert_eq!(
+            local_ranks_in(&env(&[("SLURM_STEP_TASKS_PER_NODE", "3,2"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "2")])),
+            Some(2)
+        );
+        assert_eq!(local_ranks_in(&env(&[("SLURM_NTASKS_PER_NODE", "x")])), None);
+    }
 
     #[test]
     fn ranks_share_the_cores() {
