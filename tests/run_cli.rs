@@ -392,6 +392,32 @@ fn a_bound_rank_keeps_its_cores_and_says_so() {
     assert_eq!(none, shared, "srun --cpu-bind=none does not bind");
 }
 
+/// SIGTERM (a time limit, `scancel`): the run finishes its step, saves a checkpoint, says so and exits 0;
+/// resumed from it, the run trains the remaining steps with the uninterrupted run's losses, bit for bit.
+#[test]
+fn sigterm_saves_and_the_resumed_run_is_bit_exact() {
+    let dir = common::scratch("sigterm");
+    let path = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    let train = |extra: &[&str]| {
+        let mut cmd = Command::new(example());
+        cmd.args(COMMON).args(["--steps", "40"]).args(extra);
+        cmd
+    };
+    let (ok, out) = run(train(&["--metrics", &path("whole.jsonl")]), Duration::from_secs(300));
+    assert!(ok, "{out}");
+    let whole = common::losses(&dir.join("whole.jsonl"));
+    let cmd = train(&["--metrics", &path("cut.jsonl"), "--checkpoint-dir", &path("ck")]);
+    let (ok, out) = common::run_signalled(cmd, &dir.join("cut.jsonl"), 3, "TERM", Duration::from_secs(300));
+    let cut = common::losses(&dir.join("cut.jsonl"));
+    assert!(ok && out.contains("stopped by SIGTERM: saved"), "{out}");
+    assert!(cut.len() < 40, "stopped early: {} steps", cut.len());
+    assert_eq!(cut, whole[..cut.len()]);
+    let (ok, out) = run(train(&["--metrics", &path("rest.jsonl"), "--resume", &path("ck")]), Duration::from_secs(300));
+    assert!(ok, "{out}");
+    assert_eq!(common::losses(&dir.join("rest.jsonl")), whole[cut.len()..], "resumed after step {}", cut.len());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `piper data prepare` then training on the prepared folder: it evaluates on the folder's held-out
 /// split, and a run saved at step 4 and resumed trains the steps after it with the uninterrupted run's
 /// losses, bit for bit (the data position is in the checkpoint).

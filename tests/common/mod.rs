@@ -73,6 +73,40 @@ pub fn run(mut cmd: Command, limit: Duration) -> (bool, String) {
     }
 }
 
+/// Runs a training command and sends it `signal` (`TERM`, `USR1`) once its metrics file holds `after`
+/// lines; returns (success, stdout + stderr). Fails the test if the signal cannot be sent in `limit`.
+pub fn run_signalled(mut cmd: Command, metrics: &Path, after: usize, signal: &str, limit: Duration) -> (bool, String) {
+    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    cmd.env("PIPER_HISTORY", "off");
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let start = Instant::now();
+    let mut sent = false;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let out = child.wait_with_output().expect("output");
+            let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+            assert!(sent, "the run ended before it was signalled:\n{text}");
+            return (status.success(), text);
+        }
+        let lines = std::fs::read_to_string(metrics).map_or(0, |t| t.lines().count());
+        if !sent && lines >= after {
+            let kill = Command::new("kill").args(["-s", signal, &child.id().to_string()]).status().expect("kill");
+            assert!(kill.success(), "kill -s {signal} failed");
+            sent = true;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "hung for {limit:?}:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Fails the test when `mpirun` is missing: a test that needs it never passes without running.
 pub fn require_mpirun() {
     let ok = Command::new("mpirun")

@@ -28,6 +28,7 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, on_step: impl FnMut(&StepMetr
         corpus.hold_out(job.run.eval_sequences(), job.run.seq_len + 1)?;
     }
     job.check(corpus)?;
+    super::preempt::install()?;
     agree_on_the_job(job, corpus)?;
     let mut rank = RankRun::new(job)?;
     let (first_step, resume_seconds) = rank.resume(job, corpus)?;
@@ -90,12 +91,21 @@ fn run_steps(
         }
         metrics.checkpoint =
             tracing::info_span!("checkpoint", step).in_scope(|| rank.save_if_due(job, corpus, step))?;
+        let stopping = metrics.stopped_by.is_some();
+        if stopping && metrics.checkpoint.is_none() {
+            // Preempted: every rank saves the step it finished, then the run ends normally.
+            metrics.checkpoint =
+                tracing::info_span!("checkpoint", step).in_scope(|| rank.save_now(job, corpus, step))?;
+        }
         if step >= profile_from {
             out.profiled_seconds += metrics.step_time_s;
         }
         on_step(&metrics);
         fault.after_step(step);
         out.metrics.push(metrics);
+        if stopping {
+            break;
+        }
     }
     Ok(out)
 }

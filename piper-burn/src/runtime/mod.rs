@@ -10,7 +10,7 @@
 //!   [`stage`] (one handler per instruction, full activation recompute in [`recompute`]), [`eval`] (the
 //!   held-out split, forward only), with [`grads`] (reduction and global-norm clipping),
 //!   [`optim`] (AdamW), [`migration`] and [`checkpoint`].
-//! - Around it: [`report`] (progress, metrics, summary), [`profile`], [`trace`] (timelines), [`fingerprint`] (ranks agree),
+//! - Around it: [`report`] (progress, metrics, summary), [`profile`], [`trace`] (timelines), [`preempt`] (save and stop on SIGTERM/SIGUSR1), [`fingerprint`] (ranks agree),
 //!   [`reductions`] (a device probe), [`threads`], [`host`], [`peak`], [`fault`] (fault injection for
 //!   the failure tests), [`error`].
 
@@ -29,6 +29,7 @@ pub mod migration;
 pub mod optim;
 pub mod peak;
 pub mod plan;
+pub mod preempt;
 pub mod profile;
 mod recompute;
 pub mod reductions;

@@ -25,6 +25,8 @@ struct StepTotals {
     bubble: f64,
     /// Tokens per expert of every MoE layer of the model.
     counts: Vec<Vec<usize>>,
+    /// Ranks that received a stop signal.
+    stopping: f32,
 }
 
 impl RankRun<'_> {
@@ -63,15 +65,17 @@ impl RankRun<'_> {
     fn all_reduce(&self, job: &Job, state: &StepState) -> Result<StepTotals> {
         let (m, s) = (self.micro_batches, &self.stage.shape);
         let idle = 1.0 - state.busy / state.makespan.max(1e-12);
-        let mut sums = vec![state.ce_sum / m as f32, state.router_sum, idle as f32];
+        let stopping = if super::preempt::received().is_some() { 1.0 } else { 0.0 };
+        let mut sums = vec![state.ce_sum / m as f32, state.router_sum, idle as f32, stopping];
         sums.extend_from_slice(&state.load);
         job.world.all_reduce_sum_f32(&mut sums, "loss and load all-reduce")?;
         let counts =
-            sums[3..].chunks(s.experts.max(1)).map(|c| c.iter().map(|x| x.round() as usize).collect()).collect();
+            sums[4..].chunks(s.experts.max(1)).map(|c| c.iter().map(|x| x.round() as usize).collect()).collect();
         Ok(StepTotals {
             loss: sums[0] as f64 / s.replicas as f64,
             router: sums[1] as f64,
             bubble: sums[2] as f64,
+            stopping: sums[3],
             counts,
         })
     }
@@ -103,6 +107,8 @@ impl RankRun<'_> {
             migration: Vec::new(),
             checkpoint: None,
             eval_loss: None,
+            stopped_by: (totals.stopping > 0.0)
+                .then(|| super::preempt::received().unwrap_or("a stop signal on another rank").to_string()),
         }
     }
 
@@ -121,10 +127,15 @@ impl RankRun<'_> {
     /// Saves a checkpoint after step `step` when the settings call for one (every N steps and after the
     /// last): the model, the optimizer, the data position, the placements and the migration window.
     pub fn save_if_due(&self, job: &Job, corpus: &dyn Corpus, step: usize) -> Result<Option<SavedCheckpoint>> {
-        let Some(dir) = job.checkpoint.dir.as_deref().filter(|_| job.checkpoint.saves_after(step, job.run.steps))
-        else {
+        if !job.checkpoint.saves_after(step, job.run.steps) {
             return Ok(None);
-        };
+        }
+        self.save_now(job, corpus, step)
+    }
+
+    /// Saves a checkpoint after `step` into `--checkpoint-dir` (none without one).
+    pub fn save_now(&self, job: &Job, corpus: &dyn Corpus, step: usize) -> Result<Option<SavedCheckpoint>> {
+        let Some(dir) = job.checkpoint.dir.as_deref() else { return Ok(None) };
         let window = self.migrator.as_ref().map(|m| {
             let (steps, counts) = m.window();
             MigrationWindow { steps: steps as u64, counts: counts.to_vec(), evidence: m.evidence().to_vec() }

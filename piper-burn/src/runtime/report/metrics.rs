@@ -44,6 +44,9 @@ pub struct StepMetrics {
     /// evaluation was due (`--eval-every`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_loss: Option<f64>,
+    /// The run stopped after this step: a rank received this signal (SIGTERM, SIGUSR1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<String>,
 }
 
 /// One migration of one MoE layer (in every expert group of the layer's stage).

@@ -101,6 +101,17 @@ fn event_lines(m: &StepMetrics) -> Vec<String> {
             c.seconds
         ));
     }
+    if let Some(signal) = &m.stopped_by {
+        lines.push(match &m.checkpoint {
+            Some(c) => format!(
+                "step {:>5}  stopped by {signal}: saved {}; continue with --resume {}",
+                m.step,
+                c.folder.display(),
+                c.folder.display()
+            ),
+            None => format!("step {:>5}  stopped by {signal}: nothing saved (no --checkpoint-dir)", m.step),
+        });
+    }
     if let Some(loss) = m.eval_loss {
         lines.push(format!("step {:>5}  held-out loss {loss:.4}  perplexity {:.2}", m.step, loss.exp()));
     }
