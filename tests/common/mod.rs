@@ -47,7 +47,12 @@ pub fn example() -> PathBuf {
 /// Runs a command to completion, or kills it and fails the test after `limit`; returns (success,
 /// stdout + stderr). A test's runs stay out of the user's history of training runs (`PIPER_HISTORY=off`)
 /// unless the command names one.
-pub fn run(mut cmd: Command, limit: Duration) -> (bool, String) {
+pub fn run(cmd: Command, limit: Duration) -> (bool, String) {
+    run_polling(cmd, limit, |_| {})
+}
+
+/// [`run`], calling `poll` with the child's pid every 20 ms while it runs.
+fn run_polling(mut cmd: Command, limit: Duration, mut poll: impl FnMut(u32)) -> (bool, String) {
     let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if !cmd.get_envs().any(|(k, _)| k == "PIPER_HISTORY") {
         cmd.env("PIPER_HISTORY", "off");
@@ -69,42 +74,25 @@ pub fn run(mut cmd: Command, limit: Duration) -> (bool, String) {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+        poll(child.id());
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
 /// Runs a training command and sends it `signal` (`TERM`, `USR1`) once its metrics file holds `after`
 /// lines; returns (success, stdout + stderr). Fails the test if the signal cannot be sent in `limit`.
-pub fn run_signalled(mut cmd: Command, metrics: &Path, after: usize, signal: &str, limit: Duration) -> (bool, String) {
-    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    cmd.env("PIPER_HISTORY", "off");
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
-    let start = Instant::now();
+pub fn run_signalled(cmd: Command, metrics: &Path, after: usize, signal: &str, limit: Duration) -> (bool, String) {
     let mut sent = false;
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            let out = child.wait_with_output().expect("output");
-            let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-            assert!(sent, "the run ended before it was signalled:\n{text}");
-            return (status.success(), text);
-        }
+    let (ok, text) = run_polling(cmd, limit, |pid| {
         let lines = std::fs::read_to_string(metrics).map_or(0, |t| t.lines().count());
         if !sent && lines >= after {
-            let kill = Command::new("kill").args(["-s", signal, &child.id().to_string()]).status().expect("kill");
+            let kill = Command::new("kill").args(["-s", signal, &pid.to_string()]).status().expect("kill");
             assert!(kill.success(), "kill -s {signal} failed");
             sent = true;
         }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "hung for {limit:?}:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    });
+    assert!(sent, "the run ended before it was signalled:\n{text}");
+    (ok, text)
 }
 
 /// Fails the test when `mpirun` is missing: a test that needs it never passes without running.

@@ -8,6 +8,7 @@ use plotters::prelude::*;
 
 use super::{Chart, FONT, render, text};
 use crate::error::{Error, Result};
+use crate::limits::max_or_zero;
 use crate::planner::PlanCandidate;
 
 /// Plans drawn at most (the best ones).
@@ -56,7 +57,10 @@ pub fn plot_plans(plans: &[PlanCandidate], gpu_memory_gib: f64, title: &str, dir
     }
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::file(dir.display().to_string().escape_debug().to_string(), e.to_string()))?;
-    let bars = plans.iter().take(MAX_PLANS).map(PlanBar::of).collect();
+    let bars: Vec<PlanBar> = plans.iter().take(MAX_PLANS).map(PlanBar::of).collect();
+    if let Some(b) = bars.iter().find(|b| !(b.step_s.is_finite() && b.memory_gib.is_finite())) {
+        return Err(Error::invalid("piper plan", "--plot", format!("plan `{}` has no finite prediction", b.label)));
+    }
     render(&PlanChart { title: title.to_string(), bars, gpu_memory_gib }, dir)
 }
 
@@ -70,8 +74,8 @@ impl Chart for PlanChart {
         let (w, _) = area.dim_in_pixel();
         let (left, right) = area.split_horizontally(w * 3 / 5);
         let n = self.bars.len();
-        let step_max = self.bars.iter().map(|b| b.step_s).fold(0.0, f64::max) * 1.1;
-        let memory_max = self.bars.iter().map(|b| b.memory_gib).fold(self.gpu_memory_gib, f64::max) * 1.1;
+        let step_max = max_or_zero(self.bars.iter().map(|b| b.step_s)) * 1.1;
+        let memory_max = max_or_zero(self.bars.iter().map(|b| b.memory_gib).chain([self.gpu_memory_gib])) * 1.1;
         let label = |y: &SegmentValue<usize>| match y {
             SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => n
                 .checked_sub(i + 1)
