@@ -86,7 +86,8 @@ pub fn run_signalled(cmd: Command, metrics: &Path, after: usize, signal: &str, l
     let (ok, text) = run_polling(cmd, limit, |pid| {
         let lines = std::fs::read_to_string(metrics).map_or(0, |t| t.lines().count());
         if !sent && lines >= after {
-            let kill = Command::new("kill").args(["-s", signal, &pid.to_string()]).status().expect("kill");
+            // The shell's own `kill` (a fresh machine may not have /bin/kill).
+            let kill = Command::new("sh").args(["-c", &format!("kill -s {signal} {pid}")]).status().expect("sh");
             assert!(kill.success(), "kill -s {signal} failed");
             sent = true;
         }
