@@ -115,6 +115,8 @@ pub fn measure_runtime_costs(device: &Device) -> RuntimeCosts {
         bytes_per_param: 16.0,
         activation_factor: 1.0,
         logits_factor: 1.0,
+        activation_working_factor: 0.0,
+        logits_working_factor: 0.0,
     }
 }
 

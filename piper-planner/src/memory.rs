@@ -108,6 +108,24 @@ pub struct StageMemory {
     pub total_bytes: f64,
 }
 
+/// A runtime's measured activation bytes ÷ the model's count: `held` per micro-batch the schedule keeps,
+/// `working` once, for the backward that runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Scale {
+    held: f64,
+    working: f64,
+}
+
+impl Scale {
+    /// The model's own count, every micro-batch's activations held until its backward.
+    const COUNTED: Scale = Scale { held: 1.0, working: 0.0 };
+
+    /// The factor on one micro-batch's count with `in_flight` micro-batches held.
+    fn of(&self, in_flight: u64) -> f64 {
+        in_flight as f64 * self.held + self.working
+    }
+}
+
 /// Static and per-micro-batch memory of each layer, from which any stage split is priced.
 #[derive(Clone, Debug)]
 pub struct Footprint {
@@ -128,8 +146,10 @@ pub struct Footprint {
     /// The runtime's measured bytes per parameter ÷ the configured ones, and its activation factor (1
     /// where the platform has no runtime measurements).
     state_factor: f64,
-    activation_factor: f64,
-    logits_factor: f64,
+    /// The runtime's activation bytes ÷ the model's count: per micro-batch held and once for the
+    /// backward that runs (layers; logits). 1 and 0 where the platform has no runtime measurements.
+    activation_scale: Scale,
+    logits_scale: Scale,
     /// Prefix sums over layers (index i = layers 0..i): held params, optimizer-state params,
     /// activation bytes per micro-batch, MoE layer count.
     prefix: Vec<[f64; 4]>,
@@ -219,8 +239,12 @@ impl Footprint {
                 let configured = cfg.weight_bytes + cfg.grad_bytes + cfg.optimizer_bytes;
                 if configured > 0.0 { r.bytes_per_param / configured } else { 1.0 }
             }),
-            activation_factor: platform.runtime.map_or(1.0, |r| r.activation_factor),
-            logits_factor: platform.runtime.map_or(1.0, |r| r.logits_factor),
+            activation_scale: platform
+                .runtime
+                .map_or(Scale::COUNTED, |r| Scale { held: r.activation_factor, working: r.activation_working_factor }),
+            logits_scale: platform
+                .runtime
+                .map_or(Scale::COUNTED, |r| Scale { held: r.logits_factor, working: r.logits_working_factor }),
         })
     }
 
@@ -235,8 +259,10 @@ impl Footprint {
         for a in &self.layer_act[range.clone()] {
             act.add(a);
         }
-        let mut act = act.scaled(in_flight as f64);
-        act.recompute_working_set = crate::limits::max_or_zero(self.layer_working_set[range].iter().copied());
+        let (layers, logits) = (self.activation_scale.of(in_flight), self.logits_scale.of(in_flight));
+        let mut act = act.scaled(layers);
+        act.recompute_working_set =
+            self.activation_scale.held * crate::limits::max_or_zero(self.layer_working_set[range].iter().copied());
         if stage == 0 {
             params += self.first_stage_params.0;
             opt_params += self.first_stage_params.1;
@@ -244,12 +270,12 @@ impl Footprint {
         if stage == pp - 1 {
             params += self.last_stage_params.0;
             opt_params += self.last_stage_params.1;
-            act.add(&self.last_stage_act.scaled(in_flight as f64));
+            let l = &self.last_stage_act;
+            act.add(&ActivationTerms { logits: l.logits * logits, ..l.scaled(layers) });
         }
         let c = &self.cfg;
         let (pb, gb, ob) = (params * c.weight_bytes, params * c.grad_bytes, opt_params * c.optimizer_bytes);
         let (pb, gb, ob) = (pb * self.state_factor, gb * self.state_factor, ob * self.state_factor);
-        let act = ActivationTerms { logits: act.logits * self.logits_factor, ..act.scaled(self.activation_factor) };
         let activation_bytes = act.total();
         StageMemory {
             stage,
@@ -271,12 +297,13 @@ impl Footprint {
     /// `stage(..).total_bytes` in O(1), for split search.
     pub fn stage_total_bytes(&self, stage: u64, first: u64, n: u64) -> f64 {
         let pp = self.layout.pp;
-        let in_flight = schedule::peak_in_flight(self.cfg.schedule, stage, pp, self.cfg.num_micro_batches) as f64;
+        let in_flight = schedule::peak_in_flight(self.cfg.schedule, stage, pp, self.cfg.num_micro_batches);
+        let (layers, logits) = (self.activation_scale.of(in_flight), self.logits_scale.of(in_flight));
         let (a, b) = (self.prefix[first as usize], self.prefix[(first + n) as usize]);
         let (mut params, mut opt_params) = (b[0] - a[0], b[1] - a[1]);
-        let mut act = (b[2] - a[2]) * in_flight * self.activation_factor;
+        let mut act = (b[2] - a[2]) * layers;
         let moe_layers = b[3] - a[3];
-        act += self.activation_factor
+        act += self.activation_scale.held
             * if moe_layers > 0.0 { self.working_set_moe } else { 0.0 }.max(if moe_layers < n as f64 {
                 self.working_set_dense
             } else {
@@ -290,7 +317,7 @@ impl Footprint {
             params += self.last_stage_params.0;
             opt_params += self.last_stage_params.1;
             let l = &self.last_stage_act;
-            act += ((l.total() - l.logits) * self.activation_factor + l.logits * self.logits_factor) * in_flight;
+            act += (l.total() - l.logits) * layers + l.logits * logits;
         }
         let c = &self.cfg;
         self.memory_scale
@@ -423,7 +450,8 @@ mod tests {
     #[test]
     fn fast_total_matches_the_itemised_stage() {
         let mut p = platform::preset("frontier").unwrap();
-        // With a runtime's measured memory too: 20 B per parameter, activations ×1.5, logits ×3.
+        // With a runtime's measured memory too: 20 B per parameter, activations ×1.5 per micro-batch held
+        // and ×0.25 for the one in its backward, logits ×3 and ×0.5.
         let measured = crate::platform::RuntimeCosts {
             op_overhead_us: 1.0,
             norm_ns: 1.0,
@@ -435,21 +463,29 @@ mod tests {
             bytes_per_param: 20.0,
             activation_factor: 1.5,
             logits_factor: 3.0,
+            activation_working_factor: 0.25,
+            logits_working_factor: 0.5,
         };
         for runtime in [None, Some(measured)] {
             p.runtime = runtime;
             fast_total_matches_on(&p);
         }
-        // The factors apply term by term: states × 20/16, layer activations × 1.5, logits × 3.
+        // The factors apply term by term: states × 20/16; with n micro-batches held, layer activations
+        // × (1.5·n + 0.25)/n and logits × (3·n + 0.5)/n of the model's count (which holds n).
         let spec = preset("mixtral-8x7b").unwrap();
         let layout = Layout { pp: 2, ep: 8, dp: 1 };
-        let plain =
-            Footprint::new(&spec, &platform::preset("frontier").unwrap(), &layout, &cfg(4)).unwrap().stage(1, 16, 16);
-        let got = Footprint::new(&spec, &p, &layout, &cfg(4)).unwrap().stage(1, 16, 16);
-        let states = |m: &StageMemory| m.params_bytes + m.grads_bytes + m.optimizer_bytes;
-        assert!((states(&got) / states(&plain) - 20.0 / 16.0).abs() < 1e-12);
-        assert!((got.activations.logits / plain.activations.logits - 3.0).abs() < 1e-12);
-        assert!((got.activations.routed_experts / plain.activations.routed_experts - 1.5).abs() < 1e-12);
+        for (schedule, held) in [(Schedule::OneFOneB, 1.0), (Schedule::GPipe, 4.0)] {
+            let c = TrainConfig { schedule, ..cfg(4) };
+            let frontier = platform::preset("frontier").unwrap();
+            let plain = Footprint::new(&spec, &frontier, &layout, &c).unwrap().stage(1, 16, 16);
+            let got = Footprint::new(&spec, &p, &layout, &c).unwrap().stage(1, 16, 16);
+            assert_eq!(got.in_flight as f64, held);
+            let states = |m: &StageMemory| m.params_bytes + m.grads_bytes + m.optimizer_bytes;
+            let ratio = |a: f64, b: f64, want: f64| assert!((a / b - want).abs() < 1e-12, "{a} / {b} ≠ {want}");
+            ratio(states(&got), states(&plain), 20.0 / 16.0);
+            ratio(got.activations.logits, plain.activations.logits, (3.0 * held + 0.5) / held);
+            ratio(got.activations.routed_experts, plain.activations.routed_experts, (1.5 * held + 0.25) / held);
+        }
     }
 
     fn fast_total_matches_on(p: &Platform) {

@@ -145,6 +145,8 @@ mod tests {
             bytes_per_param: 16.0,
             activation_factor: 1.0,
             logits_factor: 1.0,
+            activation_working_factor: 0.0,
+            logits_working_factor: 0.0,
         };
         let sum = a.norm + a.rope + a.softmax + a.swiglu + a.elementwise;
         assert!((a.seconds(&unit) - sum * 1e-9).abs() < 1e-15);

@@ -110,10 +110,11 @@ pub fn profiled_run(
 }
 
 /// A one-rank run's largest peak RSS against what the model counts for it on `base` (16 configured
-/// bytes per parameter in fp32, factors 1): parameters, layer activations and logits.
+/// bytes per parameter in fp32, factors 1): parameters, and one micro-batch's layer activations and
+/// logits, with the micro-batches it holds.
 pub fn memory_point(summary: &RunSummary, spec: &ModelSpec, base: &Platform, run: &ProfileRun) -> Result<MemoryPoint> {
     let cfg = TrainConfig {
-        micro_batch_size: run.batch,
+        micro_batch_size: run.batch / run.micro_batches,
         num_micro_batches: 1,
         schedule: Schedule::OneFOneB,
         recompute: Recompute::None,
@@ -131,6 +132,7 @@ pub fn memory_point(summary: &RunSummary, spec: &ModelSpec, base: &Platform, run
         params: stage.params,
         activation_bytes: stage.activation_bytes - logits,
         logits_bytes: logits,
+        in_flight: run.micro_batches as f64,
         peak_rss_bytes: summary.peak_rss_bytes,
     })
 }

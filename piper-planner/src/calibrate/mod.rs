@@ -30,8 +30,8 @@ use std::path::{Path, PathBuf};
 
 pub use error::{CalibrateError, Result};
 use runs::{
-    EP_RUNS, MEMORY_SECONDS, MEMORY_STEPS, PROFILE_ROUNDS, PROFILE_STEPS, ProfileRun, STEP_RUNS, TIME_SHARE_ROUNDS,
-    TIME_SHARE_RUN, TIME_SHARE_STEPS,
+    EP_RUNS, HELD_RUNS, MEMORY_SECONDS, MEMORY_STEPS, PROFILE_ROUNDS, PROFILE_STEPS, ProfileRun, STEP_RUNS,
+    TIME_SHARE_ROUNDS, TIME_SHARE_RUN, TIME_SHARE_STEPS,
 };
 use workers::{Job, Workers, run_at_once};
 
@@ -157,6 +157,8 @@ fn train_args(run: &ProfileRun, model: &str, steps: u64, summary: &Path) -> Vec<
         ("--warmup", "1".into()),
         ("--log-every", "0".into()),
         ("--summary", summary.display().to_string()),
+        ("--micro-batches", run.micro_batches.to_string()),
+        ("--schedule", if run.micro_batches > 1 { "gpipe" } else { "1f1b" }.into()),
         // The calibration's runs are its fit, not history to refine it with.
         ("--history", "off".into()),
     ];
@@ -222,7 +224,34 @@ fn profile_one_rank(s: &Settings, w: &Workers, threads: &[u64], base: &Platform)
             }
         }
     }
+    memory.extend(held_memory(s, w, base, |i| summary(i, s.cores, 0, 0))?);
     Ok((profiled, memory))
+}
+
+/// The memory points of the [`HELD_RUNS`] on every core, each as long as its step run's memory run.
+fn held_memory(
+    s: &Settings,
+    w: &Workers,
+    base: &Platform,
+    step_summary: impl Fn(usize) -> PathBuf,
+) -> Result<Vec<(u64, MemoryPoint)>> {
+    let mut memory = Vec::new();
+    for (i, micro_batches) in HELD_RUNS {
+        let run = ProfileRun { micro_batches, ..STEP_RUNS[i] };
+        let model = run.model.arg(&s.work)?;
+        let steps = memory_steps(fit::RunSummary::read(&step_summary(i))?.step_s);
+        let file = s.work.join(format!("summary-held-{i}-{micro_batches}.json"));
+        let args = train_args(&run, &model, steps, &file);
+        let what = format!("memory run {} with {micro_batches} micro-batches held", run.model.name);
+        s.copies_at_once(
+            s.cores,
+            |_| file.clone(),
+            |_| Job { what: what.clone(), program: w.trainer.clone(), args: args.clone(), env: Vec::new() },
+        )?;
+        let spec = resolve_model(&model)?;
+        memory.push((s.cores, fit::memory_point(&fit::RunSummary::read(&file)?, &spec, base, &run)?));
+    }
+    Ok(memory)
 }
 
 /// Steps of a memory run whose first round's step took `step_s`: about [`MEMORY_SECONDS`], within

@@ -54,6 +54,8 @@ pub struct ProfileRun {
     pub seq: u64,
     /// Whether its peak RSS is a point of the memory fit.
     pub memory: bool,
+    /// Micro-batches of a step (more than one: GPipe, every micro-batch's activations held at once).
+    pub micro_batches: u64,
 }
 
 /// A near-empty step, which pins the fixed costs of the step's ops but is no memory point: its ops are
@@ -64,7 +66,7 @@ const fn fixed_costs(model: CalibrationModel, batch: u64, seq: u64) -> ProfileRu
 }
 
 const fn run(model: CalibrationModel, batch: u64, seq: u64) -> ProfileRun {
-    ProfileRun { model, batch, seq, memory: true }
+    ProfileRun { model, batch, seq, memory: true, micro_batches: 1 }
 }
 
 /// One-rank runs at every thread count: parameters (2.7M–16M), layer activations (longer sequences grow
@@ -87,6 +89,12 @@ pub const STEP_RUNS: [ProfileRun; 9] = [
 /// the permute → all-to-all → grouped experts → combine path, each paired with the same tokens per rank
 /// through the fused path (one-rank copies on the same cores, just before it).
 pub const EP_RUNS: [ProfileRun; 3] = [run(MIXTRAL_S, 32, 127), run(QWEN3_M, 4, 127), run(DEEPSEEK_M, 8, 63)];
+
+/// Memory runs on every core that hold several micro-batches at once (GPipe on one rank): the step run
+/// at the index, its sequences split into that many micro-batches. Beside the runs above (one
+/// micro-batch at a time) they tell what a backward holds only while it runs from what every held
+/// micro-batch keeps: with both a logits-heavy and an activation-heavy model.
+pub const HELD_RUNS: [(usize, u64); 3] = [(1, 4), (6, 4), (7, 2)];
 
 /// The data-parallel run timed on `cores` and on `2 × cores` ranks (time sharing), in two rounds.
 pub const TIME_SHARE_RUN: ProfileRun = run(MIXTRAL_S, 32, 127);
@@ -116,6 +124,9 @@ mod tests {
         for r in STEP_RUNS.iter().chain(&EP_RUNS).chain([&TIME_SHARE_RUN]) {
             let spec = resolve_model(&r.model.arg(&work).unwrap()).unwrap();
             assert!(spec.num_layers > 0 && r.batch > 0 && r.seq > 0, "{}", r.model.name);
+        }
+        for (i, m) in HELD_RUNS {
+            assert!(STEP_RUNS[i].memory && m > 1 && STEP_RUNS[i].batch.is_multiple_of(m), "{i}");
         }
         std::fs::remove_dir_all(&work).unwrap();
     }

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::nnls::{Row, least_squares, nnls};
 use super::runtime::RuntimeCosts;
 use super::spec::{GIB, Platform};
 use super::step_costs::{StepRun, WorkClass, fit_step_costs};
@@ -13,82 +14,82 @@ use crate::layout::TrainConfig;
 use crate::limits;
 use crate::model::ModelSpec;
 
-/// One whole run for the memory fit: what the planner's model counts (at 16 configured bytes per
-/// parameter and factors 1) and the peak resident memory measured.
+/// One whole run for the memory fit: what the planner's model counts for one micro-batch (at 16
+/// configured bytes per parameter and factors 1), how many micro-batches the schedule holds at the peak,
+/// and the peak resident memory measured.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryPoint {
     /// Parameters the rank holds.
     pub params: f64,
-    /// The model's activation bytes of the decoder layers at the peak.
+    /// The model's activation bytes of the decoder layers for one micro-batch.
     pub activation_bytes: f64,
-    /// The model's bytes of the logits and cross-entropy.
+    /// The model's bytes of the logits and cross-entropy for one micro-batch.
     pub logits_bytes: f64,
+    /// Micro-batches whose activations are held at the peak (GPipe: all of the step's).
+    #[serde(default = "one")]
+    pub in_flight: f64,
     pub peak_rss_bytes: f64,
 }
 
-/// The fitted memory of a runtime.
+fn one() -> f64 {
+    1.0
+}
+
+/// The fitted memory of a runtime: `peak = base + bytes_per_param · params + in_flight ·
+/// (activation_factor · activations + logits_factor · logits) + activation_working_factor ·
+/// activations + logits_working_factor · logits`, activations and logits those of one micro-batch. The
+/// working terms are what a backward holds only while it runs (the gradients of one micro-batch's
+/// activations, the cross-entropy's `T × V` temporaries), beside the micro-batches the schedule keeps.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MemoryFit {
     pub base_bytes: f64,
     pub bytes_per_param: f64,
     pub activation_factor: f64,
     pub logits_factor: f64,
+    pub activation_working_factor: f64,
+    pub logits_working_factor: f64,
 }
 
-/// Least squares of `peak_rss = base + bytes_per_param · params + activation_factor · activations +
-/// logits_factor · logits` over the runs. Needs four runs that vary the three counts independently;
-/// every coefficient must come out ≥ 0.
+/// Non-negative least squares of the [`MemoryFit`] over the runs, on relative errors. Needs six runs,
+/// whose parameters, activations and logits vary independently; the working terms are told apart
+/// from the kept ones only by runs holding more than one micro-batch (without them they stay 0).
 pub fn fit_memory(points: &[MemoryPoint]) -> Result<MemoryFit> {
-    const N: usize = 4;
+    const N: usize = 6;
     let src = "memory calibration";
     if points.len() < N {
         return Err(Error::invalid(src, "runs", format!("needs at least {N} runs, got {}", points.len())));
     }
-    // Normal equations AᵀA x = Aᵀy, in GiB for conditioning.
+    // In GiB for conditioning.
     let g = GIB;
-    let mut m = [[0.0f64; N + 1]; N];
-    for p in points {
-        let row = [1.0, p.params / g, p.activation_bytes / g, p.logits_bytes / g];
-        for i in 0..N {
-            for j in 0..N {
-                m[i][j] += row[i] * row[j];
-            }
-            m[i][N] += row[i] * p.peak_rss_bytes / g;
-        }
-    }
-    let scale = crate::limits::max_or_zero((0..N).map(|i| m[i][i].abs()));
-    for col in 0..N {
-        let pivot = (col..N).max_by(|a, b| m[*a][col].abs().total_cmp(&m[*b][col].abs())).expect("rows");
-        m.swap(col, pivot);
-        let tiny = m[col][col].abs() <= 1e-12 * scale || m[col][col].is_nan();
-        if tiny {
-            return Err(Error::invalid(
-                src,
-                "runs",
-                "do not vary parameters, activations and logits independently; add runs that change one of them",
-            ));
-        }
-        for r in 0..N {
-            if r != col {
-                let f = m[r][col] / m[col][col];
-                let pivot_row = m[col];
-                for (x, p) in m[r].iter_mut().zip(pivot_row).skip(col) {
-                    *x -= f * p;
-                }
-            }
-        }
-    }
-    let x: Vec<f64> = (0..N).map(|i| m[i][N] / m[i][i]).collect();
-    let fit = MemoryFit { base_bytes: x[0] * g, bytes_per_param: x[1], activation_factor: x[2], logits_factor: x[3] };
-    if x.iter().any(|v| !v.is_finite() || *v < 0.0) {
+    let rows: Vec<Row> = points
+        .iter()
+        .map(|p| {
+            let (a, l, n) = (p.activation_bytes / g, p.logits_bytes / g, p.in_flight);
+            let units = vec![1.0, p.params / g, n * a, n * l, a, l];
+            Row { units, y: p.peak_rss_bytes / g, weight: 1.0 / (p.peak_rss_bytes / g) }
+        })
+        .collect();
+    let kept: Vec<Row> = rows.iter().map(|r| Row { units: r.units[..4].to_vec(), ..r.clone() }).collect();
+    if least_squares(&kept).is_none() {
         return Err(Error::invalid(
             src,
             "runs",
-            format!("fit a negative or non-finite coefficient ({fit:?}); measure larger runs"),
+            "do not vary parameters, activations and logits independently; add runs that change one of them",
         ));
     }
-    Ok(fit)
+    let x = nnls(&rows).ok_or_else(|| Error::invalid(src, "runs", "are not finite; measure them again"))?;
+    let kept_only = rows.iter().all(|r| r.units[2] == r.units[4]);
+    // One micro-batch in flight everywhere: the kept and the working terms are one column each.
+    let (a, l, aw, lw) = if kept_only { (x[2] + x[4], x[3] + x[5], 0.0, 0.0) } else { (x[2], x[3], x[4], x[5]) };
+    Ok(MemoryFit {
+        base_bytes: x[0] * g,
+        bytes_per_param: x[1],
+        activation_factor: a,
+        logits_factor: l,
+        activation_working_factor: aw,
+        logits_working_factor: lw,
+    })
 }
 
 /// A CPU platform from `base` (piper-comm's measurement of the links and memory, with `base.gpus_per_node`
@@ -121,6 +122,8 @@ pub fn with_runtime(
             bytes_per_param: own.bytes_per_param,
             activation_factor: own.activation_factor,
             logits_factor: own.logits_factor,
+            activation_working_factor: own.activation_working_factor,
+            logits_working_factor: own.logits_working_factor,
             ..costs.runtime
         };
         costs.framework_overhead_gib = Some(own.base_bytes / GIB);
@@ -141,6 +144,8 @@ pub fn with_runtime(
             bytes_per_param: fit.bytes_per_param,
             activation_factor: fit.activation_factor,
             logits_factor: fit.logits_factor,
+            activation_working_factor: fit.activation_working_factor,
+            logits_working_factor: fit.logits_working_factor,
             ..one.runtime
         }),
         train_dtype: Some("fp32".into()),
@@ -233,26 +238,56 @@ pub fn with_step_costs(mut platform: Platform, runs: &[ProfiledRun]) -> Result<P
 mod tests {
     use super::*;
 
+    /// Parameters, activations and logits of one micro-batch, and micro-batches held, varied apart.
+    const SHAPES: [(f64, f64, f64, f64); 8] = [
+        (1e6, 1e7, 2e7, 1.0),
+        (1e6, 4e7, 2e7, 1.0),
+        (5e6, 1e7, 2e7, 1.0),
+        (3e6, 2.5e7, 6e7, 1.0),
+        (2e6, 3e7, 1e7, 1.0),
+        (4e6, 2e7, 5e7, 1.0),
+        (1e6, 1e7, 2e7, 4.0),
+        (2e6, 3e7, 1e7, 2.0),
+    ];
+
+    fn point(&(p, a, l, n): &(f64, f64, f64, f64), peak: impl Fn(f64, f64, f64, f64) -> f64) -> MemoryPoint {
+        MemoryPoint { params: p, activation_bytes: a, logits_bytes: l, in_flight: n, peak_rss_bytes: peak(p, a, l, n) }
+    }
+
     #[test]
     fn fit_recovers_known_coefficients() {
-        let truth = |p: f64, a: f64, l: f64| 5e7 + 28.0 * p + 0.7 * a + 3.2 * l;
-        let runs = [(1e6, 1e7, 2e7), (1e6, 4e7, 2e7), (5e6, 1e7, 2e7), (3e6, 2.5e7, 6e7), (2e6, 3e7, 1e7)];
-        let points: Vec<MemoryPoint> = runs
-            .iter()
-            .map(|(p, a, l)| MemoryPoint {
-                params: *p,
-                activation_bytes: *a,
-                logits_bytes: *l,
-                peak_rss_bytes: truth(*p, *a, *l),
-            })
-            .collect();
+        let truth = |p: f64, a: f64, l: f64, n: f64| 5e7 + 28.0 * p + n * (0.7 * a + 3.2 * l) + 0.2 * a + 1.1 * l;
+        let points: Vec<MemoryPoint> = SHAPES.iter().map(|s| point(s, truth)).collect();
         let f = fit_memory(&points).unwrap();
         let close = |x: f64, y: f64| (x / y - 1.0).abs() < 1e-9;
         assert!(close(f.base_bytes, 5e7) && close(f.bytes_per_param, 28.0), "{f:?}");
         assert!(close(f.activation_factor, 0.7) && close(f.logits_factor, 3.2), "{f:?}");
-        let same = vec![points[0]; 4];
+        assert!(close(f.activation_working_factor, 0.2) && close(f.logits_working_factor, 1.1), "{f:?}");
+        // One micro-batch at a time everywhere: held and working cannot be told apart, and add up.
+        let one_at_a_time: Vec<MemoryPoint> = points.iter().map(|p| MemoryPoint { in_flight: 1.0, ..*p }).collect();
+        let single = |p: f64, a: f64, l: f64, _: f64| 5e7 + 28.0 * p + 0.9 * a + 4.3 * l;
+        let one_at_a_time: Vec<MemoryPoint> = one_at_a_time
+            .iter()
+            .map(|q| MemoryPoint { peak_rss_bytes: single(q.params, q.activation_bytes, q.logits_bytes, 1.0), ..*q })
+            .collect();
+        let f = fit_memory(&one_at_a_time).unwrap();
+        assert!(close(f.activation_factor, 0.9) && close(f.logits_factor, 4.3), "{f:?}");
+        assert_eq!((f.activation_working_factor, f.logits_working_factor), (0.0, 0.0));
+        let same = vec![points[0]; 6];
         assert!(fit_memory(&same).unwrap_err().to_string().contains("independently"));
-        assert!(fit_memory(&points[..3]).is_err());
+        assert!(fit_memory(&points[..5]).is_err());
+    }
+
+    /// A measurement below what the rest implies cannot drive a coefficient negative: the fit keeps
+    /// every coefficient ≥ 0.
+    #[test]
+    fn fit_coefficients_are_never_negative() {
+        let truth = |p: f64, a: f64, l: f64, n: f64| 5e7 + 28.0 * p + n * (0.7 * a + 3.2 * l);
+        let mut points: Vec<MemoryPoint> = SHAPES.iter().map(|s| point(s, truth)).collect();
+        points[6].peak_rss_bytes *= 0.8;
+        let f = fit_memory(&points).unwrap();
+        let all = [f.base_bytes, f.bytes_per_param, f.activation_factor, f.logits_factor];
+        assert!(all.iter().chain(&[f.activation_working_factor, f.logits_working_factor]).all(|c| *c >= 0.0), "{f:?}");
     }
 
     /// Memory runs at each thread count give that count its own fit: the top level from the runs on
@@ -269,12 +304,8 @@ mod tests {
             step: None,
             framework_overhead_gib: None,
         };
-        let shapes = [(1e6, 1e7, 2e7), (1e6, 4e7, 2e7), (5e6, 1e7, 2e7), (3e6, 2.5e7, 6e7), (2e6, 3e7, 1e7)];
         let runs_of = |threads: u64, base: f64, per_param: f64, act: f64| {
-            shapes.iter().map(move |&(p, a, l)| {
-                let point = MemoryPoint { params: p, activation_bytes: a, logits_bytes: l, peak_rss_bytes: 0.0 };
-                (threads, MemoryPoint { peak_rss_bytes: base + per_param * p + act * a + 1.5 * l, ..point })
-            })
+            SHAPES.iter().map(move |s| (threads, point(s, |p, a, l, n| base + per_param * p + n * (act * a + 1.5 * l))))
         };
         let runs: Vec<(u64, MemoryPoint)> = runs_of(2, 1.2e8, 21.0, 0.45).chain(runs_of(1, 6e7, 17.0, 0.4)).collect();
         let threads = vec![costs(1), costs(2)];

@@ -33,6 +33,14 @@ pub struct RuntimeCosts {
     pub activation_factor: f64,
     /// The same for the logits and the cross-entropy over the vocabulary (several `T × V` copies).
     pub logits_factor: f64,
+    /// What a backward holds only while it runs, once per stage whatever the micro-batches in flight, ÷
+    /// the model's count of one micro-batch's layer activations (0 where the calibration held one
+    /// micro-batch at a time: the factor above then includes it).
+    #[serde(default)]
+    pub activation_working_factor: f64,
+    /// The same for the logits: the cross-entropy's backward temporaries over the vocabulary.
+    #[serde(default)]
+    pub logits_working_factor: f64,
 }
 
 impl RuntimeCosts {
@@ -48,6 +56,8 @@ impl RuntimeCosts {
             ("runtime.bytes_per_param", self.bytes_per_param, 1e4),
             ("runtime.activation_factor", self.activation_factor, 1e3),
             ("runtime.logits_factor", self.logits_factor, 1e3),
+            ("runtime.activation_working_factor", self.activation_working_factor, 1e3),
+            ("runtime.logits_working_factor", self.logits_working_factor, 1e3),
         ];
         for (field, v, hi) in fields {
             limits::number(src, field, v, 0.0, hi)?;
@@ -69,6 +79,8 @@ impl RuntimeCosts {
             bytes_per_param: 16.0,
             activation_factor: 1.0,
             logits_factor: 1.0,
+            activation_working_factor: 0.0,
+            logits_working_factor: 0.0,
         }
     }
 }

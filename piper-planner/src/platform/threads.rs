@@ -44,6 +44,8 @@ impl Platform {
                 bytes_per_param: memory.bytes_per_param,
                 activation_factor: memory.activation_factor,
                 logits_factor: memory.logits_factor,
+                activation_working_factor: memory.activation_working_factor,
+                logits_working_factor: memory.logits_working_factor,
                 ..costs.runtime
             },
             _ => costs.runtime,

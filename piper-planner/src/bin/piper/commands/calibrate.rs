@@ -80,7 +80,7 @@ pub fn run(a: Args) -> Result<String, CalibrateError> {
     }
     let rc = platform.runtime.expect("calibration fits the runtime");
     Ok(format!(
-        "{}: {cores} cores, up to {} ranks per node, in {:.0} s; one thread: op {:.2} µs, AdamW {:.2} ns per parameter; memory {:.1} B per parameter, activations ×{:.2}, logits ×{:.2}, fixed {:.3} GiB; time sharing γ {:.2}\n",
+        "{}: {cores} cores, up to {} ranks per node, in {:.0} s; one thread: op {:.2} µs, AdamW {:.2} ns per parameter; memory {:.1} B per parameter, activations ×{:.2} per micro-batch held + ×{:.2} while one runs backward, logits ×{:.2} + ×{:.2}, fixed {:.3} GiB; time sharing γ {:.2}\n",
         s.out.display(),
         s.ranks_per_node,
         start.elapsed().as_secs_f64(),
@@ -88,7 +88,9 @@ pub fn run(a: Args) -> Result<String, CalibrateError> {
         rc.optimizer_ns_per_param,
         rc.bytes_per_param,
         rc.activation_factor,
+        rc.activation_working_factor,
         rc.logits_factor,
+        rc.logits_working_factor,
         platform.framework_overhead_gib,
         platform.time_share_exponent.unwrap_or(f64::NAN),
     ))
