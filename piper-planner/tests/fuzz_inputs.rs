@@ -252,6 +252,37 @@ proptest! {
         }
         std::fs::remove_dir_all(&case).unwrap();
     }
+
+    /// A manifest that lists a shard file or a tensor a second time (anywhere: the same shard, another
+    /// entry of it) is refused, naming the file or the tensor, before anything is written.
+    #[test]
+    fn manifests_with_duplicate_entries_are_refused(
+        tensor in any::<prop::sample::Index>(),
+        at in any::<prop::sample::Index>(),
+        whole_file: bool,
+    ) {
+        let (folder, good) = tiny_checkpoint();
+        let mut doc = good.clone();
+        let files = doc["files"].as_array_mut().unwrap();
+        let named = if whole_file {
+            files.push(files[0].clone());
+            files[0]["name"].as_str().unwrap().to_string()
+        } else {
+            let list = files[0]["tensors"].as_array_mut().unwrap();
+            let copy = list[tensor.index(list.len())].clone();
+            list.insert(at.index(list.len() + 1), copy.clone());
+            copy["name"].as_str().unwrap().to_string()
+        };
+        let case = scratch("manifest-duplicate");
+        let ckpt = case.join("step-1");
+        std::fs::create_dir_all(&ckpt).unwrap();
+        std::fs::copy(folder.join("rank-0.safetensors"), ckpt.join("rank-0.safetensors")).unwrap();
+        std::fs::write(ckpt.join("manifest.json"), doc.to_string()).unwrap();
+        let err = export_hf(&ckpt, &case.join("hf"), false).unwrap_err().to_string();
+        prop_assert!(err.contains("twice") && err.contains(&format!("`{named}`")), "{}", err);
+        prop_assert!(!case.join("hf").exists(), "nothing is written");
+        std::fs::remove_dir_all(&case).unwrap();
+    }
 }
 
 /// A folder of this test process for `name`, emptied.

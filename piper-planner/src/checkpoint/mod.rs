@@ -153,6 +153,7 @@ impl Manifest {
     }
 
     fn check_files(&self, folder: &Path) -> Result<()> {
+        self.check_each_once(folder)?;
         for f in &self.files {
             if f.name.contains('/') || f.name.contains("..") || f.name.chars().any(crate::limits::hides_text) {
                 return Err(Error::file(
@@ -168,6 +169,33 @@ impl Manifest {
                     path.display().to_string(),
                     format!("has {} bytes, the manifest says {}: truncated or replaced", meta.len(), f.bytes),
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each shard file is listed once and each tensor is in one shard once (the runtime writes every
+    /// tensor from the one rank that owns it): a second entry would make which copy is read an accident.
+    fn check_each_once(&self, folder: &Path) -> Result<()> {
+        let show = || folder.join("manifest.json").display().to_string();
+        let mut files = std::collections::BTreeSet::new();
+        let mut tensors = std::collections::BTreeMap::new();
+        for f in &self.files {
+            if !files.insert(f.name.as_str()) {
+                return Err(Error::file(show(), format!("lists shard file `{}` twice", f.name.escape_debug())));
+            }
+            for t in &f.tensors {
+                if let Some(first) = tensors.insert(t.name.as_str(), f.name.as_str()) {
+                    return Err(Error::file(
+                        show(),
+                        format!(
+                            "lists tensor `{}` twice (in `{}` and `{}`); a checkpoint holds each tensor once",
+                            t.name.escape_debug(),
+                            first.escape_debug(),
+                            f.name.escape_debug()
+                        ),
+                    ));
+                }
             }
         }
         Ok(())
