@@ -495,6 +495,57 @@ fn fine_tuning_reads_text_through_the_model_folders_tokenizer() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A damaged `--init-hf` folder — a NaN in a norm weight (one f32 file), +inf in a projection (BF16
+/// shards) — is refused before the first step, naming the tensor, the element and the file, not trained
+/// until the loss or the gradient turns NaN.
+#[test]
+fn a_damaged_model_folder_is_refused_before_training() {
+    for (bf16, part, value, shown) in [(false, "norm", f32::NAN, "NaN"), (true, "proj", f32::INFINITY, "inf")] {
+        let dir = hf_folder(V5, "mixtral", bf16, "damaged", 1.0);
+        let (tensor, file) = damage(&dir, part, value);
+        let mut cmd = Command::new(example());
+        cmd.args(["--init-hf", dir.to_str().unwrap(), "--steps", "2", "--batch-size", "2", "--seq-len", "11"]);
+        cmd.args(["--no-progress", "--log-every", "1"]);
+        let (ok, out) = run(cmd, Duration::from_secs(120));
+        assert!(!ok, "{out}");
+        assert!(out.contains(&format!("tensor `{tensor}` holds {shown} at element 1 of")), "{out}");
+        assert!(out.contains(&file) && out.contains("damaged"), "{out}");
+        assert!(!out.lines().any(|l| l.starts_with("step ")), "training started before the refusal:\n{out}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// Writes `value` into element 1 of the first tensor (by name) whose name holds `part`, in whichever
+/// safetensors file of `dir` has it (f32 or BF16); returns the tensor's and the file's names.
+fn damage(dir: &std::path::Path, part: &str, value: f32) -> (String, String) {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    for path in files {
+        let mut bytes = std::fs::read(&path).unwrap();
+        let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+        let mut names: Vec<&String> = header.as_object().unwrap().keys().filter(|k| k.contains(part)).collect();
+        names.sort();
+        let Some(name) = names.first().map(|n| n.to_string()) else { continue };
+        let entry = &header[&name];
+        let start = 8 + header_len + entry["data_offsets"][0].as_u64().unwrap() as usize;
+        let encoded = match entry["dtype"].as_str().unwrap() {
+            "F32" => value.to_le_bytes().to_vec(),
+            "BF16" => ((value.to_bits() >> 16) as u16).to_le_bytes().to_vec(),
+            other => panic!("{other}: the fixtures are f32 or bf16"),
+        };
+        let at = start + encoded.len();
+        bytes[at..at + encoded.len()].copy_from_slice(&encoded);
+        std::fs::write(&path, bytes).unwrap();
+        return (name, path.file_name().unwrap().to_string_lossy().into_owned());
+    }
+    panic!("no tensor named like `{part}` in {}", dir.display());
+}
+
 /// transformers 5 writes `num_nextn_predict_layers: 1` into every DeepSeek-V3 config. `mixtral_train
 /// --init-hf` refuses it naming the field and the flag, and trains without the MTP module with
 /// `--mtp-loss-weight 0`; a weight for a model without MTP is refused too.
