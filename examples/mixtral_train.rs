@@ -67,6 +67,7 @@ fn run(
     threads: Option<ThreadShare>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let ResolvedRun { spec, platform, config, plan, checkpoint, resume, init_hf } = a.run.resolve(world.size())?;
+    let log = runtime::log::LogFilter::resolve(a.run.log.as_deref())?;
     let mut model = CausalLmConfig::from_spec(&spec)?;
     model.zero_router = a.run.zero_router;
     let mut corpus = a.run.corpus(model.vocab_size, &config)?;
@@ -111,7 +112,13 @@ fn run(
     if a.run.profile {
         runtime::profile::enable();
     }
-    let recorder = a.run.trace.as_deref().map(runtime::trace::TraceRecorder::start).transpose()?;
+    let recorder = match (a.run.trace.as_deref(), log) {
+        (Some(out), log) => Some(runtime::trace::TraceRecorder::start(out, log)?),
+        (None, log) => {
+            log.map(runtime::log::LogFilter::install).transpose()?;
+            None
+        }
+    };
     let trained = runtime::execute(&job, corpus.as_mut(), |m| reporter.observe(m))?;
     reporter.finish()?;
     if let Some(recorder) = recorder

@@ -495,6 +495,38 @@ fn fine_tuning_reads_text_through_the_model_folders_tokenizer() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--log FILTER` (else `RUST_LOG`) prints the tracing events and spans that pass it: the report's lines
+/// alone with `piper::report=info`, every instruction's span as it closes with `info`; without either
+/// nothing of it; a filter tracing cannot read stops the run before the first step, naming its source.
+#[test]
+fn log_filters_choose_what_the_run_prints() {
+    let train = |log: Option<&str>, env: Option<&str>| {
+        let mut cmd = Command::new(example());
+        cmd.args(["--steps", "2", "--batch-size", "4", "--seq-len", "15", "--no-progress", "--log-every", "1"]);
+        cmd.env_remove("RUST_LOG");
+        if let Some(f) = log {
+            cmd.args(["--log", f]);
+        }
+        if let Some(e) = env {
+            cmd.env("RUST_LOG", e);
+        }
+        run(cmd, Duration::from_secs(120))
+    };
+    let report = |out: &str| out.lines().filter(|l| l.contains("INFO piper::report: step ")).count();
+    let spans = |out: &str| out.lines().filter(|l| l.contains("forward{micro_batch=0}") && l.contains("close")).count();
+    let (ok, out) = train(Some("piper::report=info"), Some("off"));
+    assert!(ok && report(&out) == 2 && spans(&out) == 0, "{out}");
+    let (ok, out) = train(None, Some("info"));
+    assert!(ok && report(&out) == 2 && spans(&out) == 2, "{out}");
+    let (ok, out) = train(None, None);
+    assert!(ok && report(&out) == 0 && spans(&out) == 0, "{out}");
+    for (log, env, source) in [(Some("piper=[["), None, "--log"), (None, Some("x=[["), "RUST_LOG")] {
+        let (ok, out) = train(log, env);
+        assert!(!ok && out.contains(&format!("{source} `")) && out.contains("not a tracing filter"), "{out}");
+        assert!(!out.lines().any(|l| l.starts_with("step ")), "training started before the refusal:\n{out}");
+    }
+}
+
 /// A damaged `--init-hf` folder — a NaN in a norm weight (one f32 file), +inf in a projection (BF16
 /// shards) — is refused before the first step, naming the tensor, the element and the file, not trained
 /// until the loss or the gradient turns NaN.

@@ -101,6 +101,11 @@ pub struct RunArgs {
     /// and checkpoints (rank 0 gathers the ranks' spans and writes the file).
     #[arg(long, value_name = "FILE.json")]
     pub trace: Option<PathBuf>,
+    /// Print the runtime's `tracing` events and spans that pass FILTER to stderr from the first step on
+    /// (every rank; spans as they close, with their times): `info`, `piper::report=info`,
+    /// `piper_burn::runtime=info,warn`. Default: $RUST_LOG; nothing without either.
+    #[arg(long, value_name = "FILTER")]
+    pub log: Option<String>,
     /// Draw the run's pictures into DIR at the end (rank 0), as PNG and SVG: loss (with the held-out
     /// and the best possible), tokens/s and MFU, expert load per MoE layer (heat map), rank imbalance
     /// and migrations; from the --metrics file when given (every step since the first, across resumes).

@@ -25,6 +25,7 @@ pub mod fingerprint;
 pub mod grads;
 pub mod host;
 pub mod job;
+pub mod log;
 pub mod migration;
 pub mod optim;
 pub mod peak;

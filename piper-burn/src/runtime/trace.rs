@@ -14,6 +14,7 @@ use tracing_chrome::{ChromeLayerBuilder, EventOrSpan, FlushGuard};
 use tracing_subscriber::layer::SubscriberExt;
 
 use super::error::{Result, RuntimeError};
+use super::log::LogFilter;
 
 /// A shared in-memory buffer the tracer writes into.
 #[derive(Clone, Default)]
@@ -38,9 +39,9 @@ pub struct TraceRecorder {
 }
 
 impl TraceRecorder {
-    /// Starts recording this process's spans for the trace `out` (refused if the process already has a
-    /// global `tracing` subscriber).
-    pub fn start(out: &Path) -> Result<Self> {
+    /// Starts recording this process's spans for the trace `out`, beside the `--log` filter's lines
+    /// when one is given (refused if the process already has a global `tracing` subscriber).
+    pub fn start(out: &Path, log: Option<LogFilter>) -> Result<Self> {
         let buffer = Buffer::default();
         let (layer, guard) = ChromeLayerBuilder::new()
             .writer(buffer.clone())
@@ -54,7 +55,8 @@ impl TraceRecorder {
             .build();
         let clock_start_us =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e6);
-        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer)).map_err(|e| {
+        let subscriber = tracing_subscriber::registry().with(layer).with(log.map(LogFilter::layer));
+        tracing::subscriber::set_global_default(subscriber).map_err(|e| {
             RuntimeError::invalid(
                 "--trace",
                 format!("this process already records spans ({e}); trace one run per process"),
