@@ -2,7 +2,9 @@
 
 use std::path::Path;
 
-use super::{Corpus, DataError, Rng, check_position, random_windows, read_text, split_tail};
+use super::{
+    Corpus, DataError, Rng, check_position, content_digest, position_of, random_windows, read_text, split_tail,
+};
 
 /// The vocabulary of byte-level text.
 pub const BYTE_VOCAB: usize = 256;
@@ -13,6 +15,8 @@ pub struct TextBytes {
     bytes: Vec<u8>,
     rng: Rng,
     name: String,
+    /// The text's digest: what identifies it on resume, wherever it lies.
+    content: String,
     held_out: Vec<i64>,
 }
 
@@ -25,13 +29,35 @@ impl TextBytes {
                 why: format!("{}: needs at least 2 bytes of text", shown(path)),
             });
         }
-        Ok(TextBytes { bytes: text.into_bytes(), rng: Rng::new(seed), name: shown(path), held_out: Vec::new() })
+        let content = content_digest(text.as_bytes());
+        Ok(TextBytes {
+            bytes: text.into_bytes(),
+            rng: Rng::new(seed),
+            name: shown(path),
+            content,
+            held_out: Vec::new(),
+        })
     }
 }
 
 /// A path as printed: escaped (it may hold terminal controls).
 pub(super) fn shown(path: &Path) -> String {
     path.display().to_string().escape_debug().to_string()
+}
+
+impl TextBytes {
+    fn details(&self) -> String {
+        let held = if self.held_out.is_empty() {
+            String::new()
+        } else {
+            format!(", the next {} held out", self.held_out.len())
+        };
+        format!("{} bytes, byte-level tokens{held}", self.bytes.len())
+    }
+
+    fn identity(&self) -> String {
+        format!("{} ({})", self.content, self.details())
+    }
 }
 
 impl Corpus for TextBytes {
@@ -45,18 +71,13 @@ impl Corpus for TextBytes {
         None
     }
     fn describe(&self) -> String {
-        let held = if self.held_out.is_empty() {
-            String::new()
-        } else {
-            format!(", the next {} held out", self.held_out.len())
-        };
-        format!("{} ({} bytes, byte-level tokens{held})", self.name, self.bytes.len())
+        format!("{} ({})", self.name, self.details())
     }
     fn position(&self) -> serde_json::Value {
-        serde_json::json!({"describe": self.describe(), "rng": self.rng.0})
+        position_of(&self.describe(), &self.identity(), self.rng.0)
     }
     fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), DataError> {
-        self.rng.0 = check_position(position, &self.describe())?.1;
+        self.rng.0 = check_position(position, &self.describe(), &self.identity())?.1;
         Ok(())
     }
     fn hold_out(&mut self, sequences: usize, len: usize) -> Result<(), DataError> {

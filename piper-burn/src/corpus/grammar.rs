@@ -135,7 +135,7 @@ impl Corpus for Grammar {
         serde_json::json!({"describe": self.describe(), "rng": self.rng.0, "chain": [self.state.0, self.state.1]})
     }
     fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), DataError> {
-        let (obj, rng) = check_position(position, &self.describe())?;
+        let (obj, rng) = check_position(position, &self.describe(), &self.describe())?;
         let chain: Vec<usize> = obj
             .get("chain")
             .and_then(|c| c.as_array())

@@ -51,6 +51,10 @@ pub enum DataError {
     NotAnObject,
     #[error("the checkpoint was trained on `{saved}`, this run reads `{reads}`: pass the same data flags")]
     OtherData { saved: String, reads: String },
+    #[error(
+        "`{reads}` is not what the checkpoint was trained on: its contents changed since; pass the data it was trained on"
+    )]
+    OtherContents { reads: String },
     #[error("the data position has no generator state")]
     NoGeneratorState,
     #[error("the data position's grammar state does not fit this grammar")]
@@ -90,14 +94,36 @@ pub trait Corpus {
     fn held_out(&self) -> &[i64];
 }
 
-/// Reads `{"describe": …, "rng": …, extra…}` back: the data must be the one described.
+/// A saved position of `describe`d data identified by `identity` (for data read from files: their
+/// contents' digest in place of the path, so the same data resumes under another path or name).
+fn position_of(describe: &str, identity: &str, rng: u64) -> serde_json::Value {
+    serde_json::json!({"describe": describe, "identity": identity, "rng": rng})
+}
+
+/// The SHA-256 of `bytes`, as a data identity's first word.
+fn content_digest(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let hex: String = Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// Reads `{"describe": …, "identity": …, "rng": …, extra…}` back: the data must be the one identified
+/// (a position saved without an identity: the one described).
 fn check_position<'a>(
     position: &'a serde_json::Value,
     describe: &str,
+    identity: &str,
 ) -> Result<(&'a serde_json::Map<String, serde_json::Value>, u64), DataError> {
     let obj = position.as_object().ok_or(DataError::NotAnObject)?;
     let saved = obj.get("describe").and_then(|d| d.as_str()).unwrap_or("?");
-    if saved != describe {
+    let same = match obj.get("identity").and_then(|d| d.as_str()) {
+        Some(saved_identity) => saved_identity == identity,
+        None => saved == describe,
+    };
+    if !same && saved == describe {
+        return Err(DataError::OtherContents { reads: describe.into() });
+    }
+    if !same {
         return Err(DataError::OtherData { saved: saved.into(), reads: describe.into() });
     }
     let rng = obj.get("rng").and_then(|r| r.as_u64()).ok_or(DataError::NoGeneratorState)?;
@@ -426,6 +452,51 @@ mod tests {
         assert!(refusal(&other, 300).contains("was prepared with tokenizer metaspace64.json"));
         let same = DataFlags { data: Some(&dir), tokenizer: Some(&small), ..Default::default() };
         open(&same, 64).unwrap();
+    }
+
+    /// Data is identified by its contents: the same text under another path (relative, copied,
+    /// renamed) resumes where it stood, with bytes or a tokenizer, and so do prepared shards in a moved
+    /// folder; the same path with other contents is refused, saying so; a position saved before
+    /// identities is matched by its description.
+    #[test]
+    fn data_is_identified_by_its_contents_not_its_path() {
+        let s = Scratch::new("identity");
+        let text = s.text();
+        let copy = s.0.join("renamed.txt");
+        std::fs::copy(&text, &copy).unwrap();
+        let small = fixture("metaspace64.json");
+        for tokenizer in [None, Some(small.as_path())] {
+            let flags = |data| DataFlags { data: Some(data), tokenizer, ..Default::default() };
+            let mut a = open(&flags(&text), 256).unwrap();
+            let _ = a.batch(3, 8);
+            let saved = a.position();
+            let next = a.batch(2, 8);
+            let mut b = open(&flags(&copy), 256).unwrap();
+            b.restore_position(&saved).unwrap();
+            assert_eq!(b.batch(2, 8), next);
+            std::fs::write(&copy, "The router dispatches experts to tokens. ".repeat(30)).unwrap();
+            let mut changed = open(&flags(&copy), 256).unwrap();
+            let err = changed.restore_position(&saved).unwrap_err().to_string();
+            assert!(err.contains("trained on") && err.contains("renamed.txt"), "{err}");
+            std::fs::copy(&text, &copy).unwrap();
+            let moved_saved = open(&flags(&copy), 256).unwrap().position();
+            std::fs::write(&copy, "The router dispatches experts to tokens. ".repeat(30)).unwrap();
+            let err = open(&flags(&copy), 256).unwrap().restore_position(&moved_saved).unwrap_err().to_string();
+            assert!(err.contains("its contents changed since"), "{err}");
+            std::fs::copy(&text, &copy).unwrap();
+            let mut old = saved.clone();
+            old.as_object_mut().unwrap().remove("identity");
+            open(&flags(&text), 256).unwrap().restore_position(&old).unwrap();
+            assert!(open(&flags(&copy), 256).unwrap().restore_position(&old).is_err(), "old positions: by description");
+        }
+        use piper_planner::text::shards::{PrepareOptions, prepare};
+        let tok = TextTokenizer::from_file(&small, "t").unwrap();
+        let o = PrepareOptions { shard_tokens: 50, held_out_tokens: 40, separator: None, overwrite: false };
+        let (dir, moved) = (s.0.join("prepared"), s.0.join("moved"));
+        prepare(&tok, &[&text], &dir, &o).unwrap();
+        let saved = open(&DataFlags { data: Some(&dir), ..Default::default() }, 64).unwrap().position();
+        std::fs::rename(&dir, &moved).unwrap();
+        open(&DataFlags { data: Some(&moved), ..Default::default() }, 64).unwrap().restore_position(&saved).unwrap();
     }
 
     #[test]

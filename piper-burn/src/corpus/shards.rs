@@ -6,7 +6,7 @@ use std::path::Path;
 use piper_planner::text::shards::TokenShards;
 
 use super::bytes::shown;
-use super::{Corpus, DataError, Rng, check_position};
+use super::{Corpus, DataError, Rng, check_position, content_digest, position_of};
 
 /// Prepared token shards.
 pub struct ShardedTokens {
@@ -51,6 +51,27 @@ impl ShardedTokens {
     }
 }
 
+impl ShardedTokens {
+    fn details(&self) -> String {
+        let i = &self.shards.index;
+        format!(
+            "{} tokens in {} shards, {} held out, tokenizer {}, vocabulary {}",
+            self.shards.len(),
+            i.train.len(),
+            i.held_out.tokens,
+            i.tokenizer,
+            i.vocab_size
+        )
+    }
+
+    /// The shards' digests (recorded when they were prepared) in place of the folder's path.
+    fn identity(&self) -> String {
+        let i = &self.shards.index;
+        let digests: String = i.train.iter().chain([&i.held_out]).map(|e| e.sha256.as_str()).collect();
+        format!("{} ({})", content_digest(digests.as_bytes()), self.details())
+    }
+}
+
 impl Corpus for ShardedTokens {
     fn batch(&mut self, batch: usize, seq_len: usize) -> Vec<i64> {
         self.batch_rows(batch, seq_len, &|_| true)
@@ -90,22 +111,13 @@ impl Corpus for ShardedTokens {
         None
     }
     fn describe(&self) -> String {
-        let i = &self.shards.index;
-        format!(
-            "{} ({} tokens in {} shards, {} held out, tokenizer {}, vocabulary {})",
-            self.name,
-            self.shards.len(),
-            i.train.len(),
-            i.held_out.tokens,
-            i.tokenizer,
-            i.vocab_size
-        )
+        format!("{} ({})", self.name, self.details())
     }
     fn position(&self) -> serde_json::Value {
-        serde_json::json!({"describe": self.describe(), "rng": self.rng.0})
+        position_of(&self.describe(), &self.identity(), self.rng.0)
     }
     fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), DataError> {
-        self.rng.0 = check_position(position, &self.describe())?.1;
+        self.rng.0 = check_position(position, &self.describe(), &self.identity())?.1;
         Ok(())
     }
     fn hold_out(&mut self, sequences: usize, len: usize) -> Result<(), DataError> {

@@ -5,7 +5,9 @@ use std::path::Path;
 use piper_planner::text::TextTokenizer;
 
 use super::bytes::shown;
-use super::{Corpus, DataError, Rng, check_position, random_windows, read_text, split_tail};
+use super::{
+    Corpus, DataError, Rng, check_position, content_digest, position_of, random_windows, read_text, split_tail,
+};
 
 /// A text file encoded once by a tokenizer; batches are random windows of its ids.
 #[derive(Clone, Debug)]
@@ -13,6 +15,8 @@ pub struct TokenizedText {
     ids: Vec<u32>,
     rng: Rng,
     name: String,
+    /// The text's digest: what identifies it on resume, wherever it lies.
+    content: String,
     /// The tokenizer's file name and digest: a resumed run must tokenize alike.
     tokenizer: String,
     vocab_size: usize,
@@ -34,6 +38,7 @@ impl TokenizedText {
             ids,
             rng: Rng::new(seed),
             name: shown(path),
+            content: content_digest(text.as_bytes()),
             tokenizer: format!("{} {}", file.escape_debug(), tokenizer.digest()),
             vocab_size: tokenizer.vocab_size(),
             held_out: Vec::new(),
@@ -43,6 +48,17 @@ impl TokenizedText {
     /// The text's ids, in order.
     pub fn ids(&self) -> &[u32] {
         &self.ids
+    }
+}
+
+impl TokenizedText {
+    fn details(&self) -> String {
+        let held = if self.held_out.is_empty() {
+            String::new()
+        } else {
+            format!(", the next {} held out", self.held_out.len())
+        };
+        format!("{} tokens{held}, tokenizer {}, vocabulary {}", self.ids.len(), self.tokenizer, self.vocab_size)
     }
 }
 
@@ -57,24 +73,14 @@ impl Corpus for TokenizedText {
         None
     }
     fn describe(&self) -> String {
-        let held = if self.held_out.is_empty() {
-            String::new()
-        } else {
-            format!(", the next {} held out", self.held_out.len())
-        };
-        format!(
-            "{} ({} tokens{held}, tokenizer {}, vocabulary {})",
-            self.name,
-            self.ids.len(),
-            self.tokenizer,
-            self.vocab_size
-        )
+        format!("{} ({})", self.name, self.details())
     }
     fn position(&self) -> serde_json::Value {
-        serde_json::json!({"describe": self.describe(), "rng": self.rng.0})
+        position_of(&self.describe(), &format!("{} ({})", self.content, self.details()), self.rng.0)
     }
     fn restore_position(&mut self, position: &serde_json::Value) -> Result<(), DataError> {
-        self.rng.0 = check_position(position, &self.describe())?.1;
+        let identity = format!("{} ({})", self.content, self.details());
+        self.rng.0 = check_position(position, &self.describe(), &identity)?.1;
         Ok(())
     }
     fn hold_out(&mut self, sequences: usize, len: usize) -> Result<(), DataError> {
