@@ -82,13 +82,26 @@ fn run_polling(mut cmd: Command, limit: Duration, mut poll: impl FnMut(u32)) -> 
 /// Runs a training command and sends it `signal` (`TERM`, `USR1`) once its metrics file holds `after`
 /// lines; returns (success, stdout + stderr). Fails the test if the signal cannot be sent in `limit`.
 pub fn run_signalled(cmd: Command, metrics: &Path, after: usize, signal: &str, limit: Duration) -> (bool, String) {
+    run_signalled_by(cmd, metrics, after, limit, |pid| {
+        // The shell's own `kill` (a fresh machine may not have /bin/kill).
+        let kill = Command::new("sh").args(["-c", &format!("kill -s {signal} {pid}")]).status().expect("sh");
+        assert!(kill.success(), "kill -s {signal} failed");
+    })
+}
+
+/// [`run_signalled`] with the signal sent by `send` (given the child's pid), e.g. through `scancel`.
+pub fn run_signalled_by(
+    cmd: Command,
+    metrics: &Path,
+    after: usize,
+    limit: Duration,
+    mut send: impl FnMut(u32),
+) -> (bool, String) {
     let mut sent = false;
     let (ok, text) = run_polling(cmd, limit, |pid| {
         let lines = std::fs::read_to_string(metrics).map_or(0, |t| t.lines().count());
         if !sent && lines >= after {
-            // The shell's own `kill` (a fresh machine may not have /bin/kill).
-            let kill = Command::new("sh").args(["-c", &format!("kill -s {signal} {pid}")]).status().expect("sh");
-            assert!(kill.success(), "kill -s {signal} failed");
+            send(pid);
             sent = true;
         }
     });
