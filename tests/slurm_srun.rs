@@ -30,11 +30,12 @@ fn srun(np: usize, name: &str, args: &[&str]) -> Command {
 
 /// Fails the test when no Slurm cluster answers (a test that needs one never passes without running).
 fn require_slurm() {
+    // The partition's availability: `up` whether its node is idle or running another test's job.
     let up = Command::new("sinfo")
-        .args(["-h", "-o", "%t"])
+        .args(["-h", "-o", "%a"])
         .stderr(Stdio::null())
         .output()
-        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("idle"));
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).lines().any(|l| l.trim() == "up"));
     assert!(
         up,
         "no Slurm cluster answers `sinfo`: `scripts/slurm-local.sh start` makes one here and prints its SLURM_CONF"
