@@ -62,7 +62,7 @@ fn run(args: &Args) -> Result<(), String> {
     }
     println!("sources and code objects in {}", args.out.display());
     if let Some(path) = &args.json {
-        let doc = serde_json::json!({ "arch": args.arch, "compiler": "HIP RTC (libamdhip64)", "kernels": rows });
+        let doc = serde_json::json!({ "arch": args.arch, "compiler": format!("HIP RTC ({})", rtc.library()), "kernels": rows });
         piper::planner::atomic::write_atomic(path, serde_json::to_string_pretty(&doc).unwrap().as_bytes())
             .map_err(|e| format!("--json {}: {e}", path.display()))?;
     }

@@ -1,4 +1,5 @@
-//! HIP RTC, loaded at run time from `libamdhip64.so`: the compiler `cubecl-hip` uses on AMD GPUs.
+//! HIP RTC, loaded at run time from `libhiprtc.so` (ROCm 6 and 7) or `libamdhip64.so` (HIP 5): the
+//! compiler `cubecl-hip` uses on AMD GPUs.
 //! It needs no GPU, so a machine without one can turn the generated HIP C++ into AMDGPU code objects (Debian 12:
 //! `apt-get install hipcc libamdhip64-dev rocm-device-libs`, HIP 5.2), and read what each kernel costs
 //! in registers and LDS from the code object's metadata.
@@ -29,33 +30,38 @@ pub struct CodeObject {
     pub target: String,
 }
 
-/// HIP RTC from the system's HIP runtime library. The library is loaded once and never unloaded
-/// (unloading the HIP runtime while its threads live crashes the process); compiles are serialised.
+/// Where HIP RTC is looked for, in order: its own library (since ROCm 6.0, and the only one since 7.0,
+/// which took it out of the HIP runtime), then the HIP runtime, which held it up to ROCm 5 (Debian 12's
+/// HIP 5.2).
+pub const LIBRARIES: [&str; 6] =
+    ["libhiprtc.so", "libhiprtc.so.7", "libhiprtc.so.6", "libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"];
+
+/// HIP RTC from the system's libraries. The library is loaded once and never unloaded (unloading the
+/// HIP runtime while its threads live crashes the process); compiles are serialised.
 pub struct HipRtc {
     lib: &'static Library,
+    name: &'static str,
 }
 
-static LIBRARY: OnceLock<Result<Library, String>> = OnceLock::new();
+static LIBRARY: OnceLock<Result<(&'static Library, &'static str), String>> = OnceLock::new();
 static COMPILING: Mutex<()> = Mutex::new(());
 
 impl HipRtc {
-    /// Loads `libamdhip64.so` (HIP RTC lives in it since HIP 5); an error says what to install.
+    /// Loads HIP RTC from the first of [`LIBRARIES`] that exports it; an error says what to install.
     pub fn load() -> Result<Self, String> {
-        let loaded = LIBRARY.get_or_init(|| {
-            let mut last = String::new();
-            for name in ["libamdhip64.so", "libamdhip64.so.5", "libamdhip64.so.6"] {
-                // SAFETY: loading the HIP runtime library runs its initialisers, which do not touch devices.
-                match unsafe { Library::new(name) } {
-                    Ok(lib) => return Ok(lib),
-                    Err(e) => last = e.to_string(),
-                }
-            }
-            Err(format!(
-                "HIP RTC not found ({last}): install HIP (Debian/Ubuntu: `apt-get install libamdhip64-dev \
-                 rocm-device-libs`, or ROCm) to compile the kernels for AMD GPUs"
-            ))
-        });
-        loaded.as_ref().map(|lib| HipRtc { lib }).map_err(Clone::clone)
+        let loaded = LIBRARY.get_or_init(|| find(&LIBRARIES));
+        loaded.as_ref().map(|&(lib, name)| HipRtc { lib, name }).map_err(Clone::clone)
+    }
+
+    /// Loads HIP RTC from the first of `names` that exports it (a library without it is passed over); the
+    /// error names each one tried and why it was not used.
+    pub fn load_from(names: &[&'static str]) -> Result<Self, String> {
+        find(names).map(|(lib, name)| HipRtc { lib, name })
+    }
+
+    /// The library HIP RTC was loaded from, e.g. `libhiprtc.so` or `libamdhip64.so`.
+    pub fn library(&self) -> &'static str {
+        self.name
     }
 
     /// Compiles one HIP C++ source for `arch` (e.g. `gfx90a`) with the options `cubecl-hip` uses.
@@ -123,6 +129,27 @@ impl HipRtc {
             CodeObject::parse(bytes).map_err(|e| format!("{name}: {e}"))
         }
     }
+}
+
+/// The first of `names` that loads and exports `hiprtcCreateProgram`, kept loaded for the process.
+fn find(names: &[&'static str]) -> Result<(&'static Library, &'static str), String> {
+    let mut tried = Vec::new();
+    for &name in names {
+        // SAFETY: loading a HIP library runs its initialisers, which do not touch devices.
+        match unsafe { Library::new(name) } {
+            Err(e) => tried.push(format!("{name}: {e}")),
+            // SAFETY: only looked up, not called.
+            Ok(lib) if unsafe { lib.get::<*const c_void>(b"hiprtcCreateProgram\0") }.is_err() => {
+                tried.push(format!("{name}: loads but has no hiprtcCreateProgram"));
+            }
+            Ok(lib) => return Ok((Box::leak(Box::new(lib)), name)),
+        }
+    }
+    Err(format!(
+        "HIP RTC not found (tried {}): install HIP (Debian/Ubuntu: `apt-get install libamdhip64-dev \
+         rocm-device-libs`, or ROCm, whose libhiprtc.so holds it since 6.0) to compile the kernels for AMD GPUs",
+        tried.join("; ")
+    ))
 }
 
 impl CodeObject {

@@ -18,6 +18,19 @@ fn hiprtc() -> Option<HipRtc> {
     }
 }
 
+/// HIP RTC comes from its own library (ROCm 6 and 7) or the HIP runtime (HIP 5), whichever exports it: a
+/// library without it is passed over, and when none has it the error names every one tried.
+#[test]
+fn hip_rtc_is_loaded_from_the_library_that_exports_it() {
+    let Some(rtc) = hiprtc() else { return };
+    assert!(["libhiprtc.so", "libamdhip64.so"].iter().any(|l| rtc.library().starts_with(l)), "{}", rtc.library());
+    let found = HipRtc::load_from(&["libc.so.6", rtc.library()]).expect("passes over libc");
+    assert_eq!(found.library(), rtc.library());
+    let err = HipRtc::load_from(&["libc.so.6", "libpiper-not-there.so"]).err().expect("no HIP RTC in either");
+    assert!(err.contains("libc.so.6: loads but has no hiprtcCreateProgram"), "{err}");
+    assert!(err.contains("libpiper-not-there.so") && err.contains("libhiprtc.so"), "{err}");
+}
+
 #[test]
 fn every_kernel_generates_one_hip_entry_point() {
     let sources = hip_sources().expect("HIP code generation");
