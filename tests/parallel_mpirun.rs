@@ -367,22 +367,7 @@ fn trace_has_one_process_per_rank_with_its_stages_schedule() {
 )]
 fn sigusr1_under_mpirun_saves_every_rank_and_resumes_bit_exact() {
     let dir = common::scratch("sigusr1-mpirun");
-    let path = |n: &str| dir.join(n).to_str().unwrap().to_string();
-    let ep2 = |extra: &[&str]| {
-        let mut args = vec!["--ep", "2", "--steps", "40"];
-        args.extend(extra);
-        mpirun(2, &[], &args)
-    };
-    let (ok, out) = run(ep2(&["--metrics", &path("whole.jsonl")]), Duration::from_secs(300));
-    assert!(ok, "{out}");
-    let whole = losses(&dir.join("whole.jsonl"));
-    let cmd = ep2(&["--metrics", &path("cut.jsonl"), "--checkpoint-dir", &path("ck")]);
-    let (ok, out) = common::run_signalled(cmd, &dir.join("cut.jsonl"), 3, "USR1", Duration::from_secs(300));
-    let cut = losses(&dir.join("cut.jsonl"));
-    assert!(ok && out.contains("stopped by SIGUSR1: saved"), "{out}");
-    assert!(cut.len() < 40 && cut == whole[..cut.len()], "{cut:?}");
-    let (ok, out) = run(ep2(&["--metrics", &path("rest.jsonl"), "--resume", &path("ck")]), Duration::from_secs(300));
-    assert!(ok, "{out}");
-    assert_eq!(losses(&dir.join("rest.jsonl")), whole[cut.len()..]);
+    let ep2 = |extra: &[&str]| mpirun(2, &[], &[["--ep", "2", "--steps", "40"].as_slice(), extra].concat());
+    common::signal_saves_and_resume_continues(&dir, ep2, "USR1", |pid| common::kill("USR1", pid));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -397,24 +397,12 @@ fn a_bound_rank_keeps_its_cores_and_says_so() {
 #[test]
 fn sigterm_saves_and_the_resumed_run_is_bit_exact() {
     let dir = common::scratch("sigterm");
-    let path = |n: &str| dir.join(n).to_str().unwrap().to_string();
     let train = |extra: &[&str]| {
         let mut cmd = Command::new(example());
         cmd.args(COMMON).args(["--steps", "40"]).args(extra);
         cmd
     };
-    let (ok, out) = run(train(&["--metrics", &path("whole.jsonl")]), Duration::from_secs(300));
-    assert!(ok, "{out}");
-    let whole = common::losses(&dir.join("whole.jsonl"));
-    let cmd = train(&["--metrics", &path("cut.jsonl"), "--checkpoint-dir", &path("ck")]);
-    let (ok, out) = common::run_signalled(cmd, &dir.join("cut.jsonl"), 3, "TERM", Duration::from_secs(300));
-    let cut = common::losses(&dir.join("cut.jsonl"));
-    assert!(ok && out.contains("stopped by SIGTERM: saved"), "{out}");
-    assert!(cut.len() < 40, "stopped early: {} steps", cut.len());
-    assert_eq!(cut, whole[..cut.len()]);
-    let (ok, out) = run(train(&["--metrics", &path("rest.jsonl"), "--resume", &path("ck")]), Duration::from_secs(300));
-    assert!(ok, "{out}");
-    assert_eq!(common::losses(&dir.join("rest.jsonl")), whole[cut.len()..], "resumed after step {}", cut.len());
+    common::signal_saves_and_resume_continues(&dir, train, "TERM", |pid| common::kill("TERM", pid));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

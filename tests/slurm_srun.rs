@@ -79,27 +79,12 @@ fn srun_launches_equal_mpirun() {
 )]
 fn scancel_signal_saves_and_srun_resumes_bit_exact() {
     let dir = common::scratch("srun-scancel");
-    let path = |n: &str| dir.join(n).to_str().unwrap().to_string();
     let job = format!("piper-scancel-{}", std::process::id());
-    let ep2 = |extra: &[&str]| {
-        let mut args = vec!["--ep", "2", "--steps", "40"];
-        args.extend(extra);
-        srun(2, &job, &args)
-    };
-    let (ok, out) = run(ep2(&["--metrics", &path("whole.jsonl")]), Duration::from_secs(300));
-    assert!(ok, "{out}");
-    let whole = losses(&dir.join("whole.jsonl"));
-    let cmd = ep2(&["--metrics", &path("cut.jsonl"), "--checkpoint-dir", &path("ck")]);
-    let (ok, out) = common::run_signalled_by(cmd, &dir.join("cut.jsonl"), 3, Duration::from_secs(300), |_| {
+    let ep2 = |extra: &[&str]| srun(2, &job, &[["--ep", "2", "--steps", "40"].as_slice(), extra].concat());
+    common::signal_saves_and_resume_continues(&dir, ep2, "USR1", |_| {
         let sent = Command::new("scancel").args(["--signal=USR1", "--name", &job]).status().expect("scancel");
         assert!(sent.success(), "scancel --signal=USR1 --name {job} failed");
     });
-    let cut = losses(&dir.join("cut.jsonl"));
-    assert!(ok && out.contains("stopped by SIGUSR1: saved"), "{out}");
-    assert!(cut.len() < 40 && cut == whole[..cut.len()], "{cut:?}");
-    let (ok, out) = run(ep2(&["--metrics", &path("rest.jsonl"), "--resume", &path("ck")]), Duration::from_secs(300));
-    assert!(ok, "{out}");
-    assert_eq!(losses(&dir.join("rest.jsonl")), whole[cut.len()..]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -133,7 +118,7 @@ fn the_frontier_batch_script_saves_when_signalled_and_continues_when_resubmitted
         cmd.args(["--metrics", &path("run.jsonl")]).args(train);
         cmd
     };
-    let (ok, out) = common::run_signalled_by(sbatch(), &dir.join("run.jsonl"), 3, Duration::from_secs(300), |_| {
+    let (ok, out) = common::run_signalled(sbatch(), &dir.join("run.jsonl"), 3, Duration::from_secs(300), |_| {
         let sent =
             Command::new("scancel").args(["--batch", "--signal=USR1", "--name", &job]).status().expect("scancel");
         assert!(sent.success(), "scancel --batch --signal=USR1 --name {job} failed");

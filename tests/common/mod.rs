@@ -79,18 +79,10 @@ fn run_polling(mut cmd: Command, limit: Duration, mut poll: impl FnMut(u32)) -> 
     }
 }
 
-/// Runs a training command and sends it `signal` (`TERM`, `USR1`) once its metrics file holds `after`
-/// lines; returns (success, stdout + stderr). Fails the test if the signal cannot be sent in `limit`.
-pub fn run_signalled(cmd: Command, metrics: &Path, after: usize, signal: &str, limit: Duration) -> (bool, String) {
-    run_signalled_by(cmd, metrics, after, limit, |pid| {
-        // The shell's own `kill` (a fresh machine may not have /bin/kill).
-        let kill = Command::new("sh").args(["-c", &format!("kill -s {signal} {pid}")]).status().expect("sh");
-        assert!(kill.success(), "kill -s {signal} failed");
-    })
-}
-
-/// [`run_signalled`] with the signal sent by `send` (given the child's pid), e.g. through `scancel`.
-pub fn run_signalled_by(
+/// Runs a training command and, once its metrics file holds `after` lines, calls `send` with its pid (to
+/// signal it: [`kill`], `scancel`); returns (success, stdout + stderr). Fails the test if nothing was sent
+/// in `limit`.
+pub fn run_signalled(
     cmd: Command,
     metrics: &Path,
     after: usize,
@@ -107,6 +99,39 @@ pub fn run_signalled_by(
     });
     assert!(sent, "the run ended before it was signalled:\n{text}");
     (ok, text)
+}
+
+/// Preemption end to end: `launch(flags)` (a run of 40 steps with `flags` added) trains uninterrupted; a
+/// second run is sent `signal` by `send` (given its pid) once it has 3 steps, and must finish its step,
+/// save into a checkpoint folder, say `stopped by SIG<signal>: saved` and exit 0 with the uninterrupted
+/// losses so far; resumed from that folder, it must train the remaining steps with the uninterrupted
+/// run's losses, bit for bit. `dir` holds the files.
+pub fn signal_saves_and_resume_continues(
+    dir: &Path,
+    launch: impl Fn(&[&str]) -> Command,
+    signal: &str,
+    send: impl FnMut(u32),
+) {
+    let path = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    let (ok, out) = run(launch(&["--metrics", &path("whole.jsonl")]), Duration::from_secs(300));
+    assert!(ok, "{out}");
+    let whole = losses(&dir.join("whole.jsonl"));
+    assert_eq!(whole.len(), 40, "the uninterrupted run");
+    let cmd = launch(&["--metrics", &path("cut.jsonl"), "--checkpoint-dir", &path("ck")]);
+    let (ok, out) = run_signalled(cmd, &dir.join("cut.jsonl"), 3, Duration::from_secs(300), send);
+    assert!(ok && out.contains(&format!("stopped by SIG{signal}: saved")), "{out}");
+    let cut = losses(&dir.join("cut.jsonl"));
+    assert!(cut.len() < 40, "stopped early: {} steps", cut.len());
+    assert_eq!(cut, whole[..cut.len()]);
+    let (ok, out) = run(launch(&["--metrics", &path("rest.jsonl"), "--resume", &path("ck")]), Duration::from_secs(300));
+    assert!(ok, "{out}");
+    assert_eq!(losses(&dir.join("rest.jsonl")), whole[cut.len()..], "resumed after step {}", cut.len());
+}
+
+/// Sends `signal` to `pid` with the shell's own `kill` (a fresh machine may not have /bin/kill).
+pub fn kill(signal: &str, pid: u32) {
+    let sent = Command::new("sh").args(["-c", &format!("kill -s {signal} {pid}")]).status().expect("sh");
+    assert!(sent.success(), "kill -s {signal} {pid} failed");
 }
 
 /// Fails the test when `mpirun` is missing: a test that needs it never passes without running.

@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use super::{
-    Corpus, DataError, Rng, check_position, content_digest, position_of, random_windows, read_text, split_tail,
+    Corpus, DataError, Rng, check_position, content_digest, held_note, position_of, random_windows, read_text,
+    split_tail,
 };
 
 /// The vocabulary of byte-level text.
@@ -47,11 +48,7 @@ pub(super) fn shown(path: &Path) -> String {
 
 impl TextBytes {
     fn details(&self) -> String {
-        let held = if self.held_out.is_empty() {
-            String::new()
-        } else {
-            format!(", the next {} held out", self.held_out.len())
-        };
+        let held = held_note(self.held_out.len());
         format!("{} bytes, byte-level tokens{held}", self.bytes.len())
     }
 

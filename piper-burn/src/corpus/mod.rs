@@ -100,6 +100,11 @@ fn position_of(describe: &str, identity: &str, rng: u64) -> serde_json::Value {
     serde_json::json!({"describe": describe, "identity": identity, "rng": rng})
 }
 
+/// `, the next N held out` for a text's held-out tail of `n` tokens (nothing for none).
+fn held_note(n: usize) -> String {
+    if n == 0 { String::new() } else { format!(", the next {n} held out") }
+}
+
 /// The SHA-256 of `bytes`, as a data identity's first word.
 fn content_digest(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};

@@ -6,7 +6,8 @@ use piper_planner::text::TextTokenizer;
 
 use super::bytes::shown;
 use super::{
-    Corpus, DataError, Rng, check_position, content_digest, position_of, random_windows, read_text, split_tail,
+    Corpus, DataError, Rng, check_position, content_digest, held_note, position_of, random_windows, read_text,
+    split_tail,
 };
 
 /// A text file encoded once by a tokenizer; batches are random windows of its ids.
@@ -53,11 +54,7 @@ impl TokenizedText {
 
 impl TokenizedText {
     fn details(&self) -> String {
-        let held = if self.held_out.is_empty() {
-            String::new()
-        } else {
-            format!(", the next {} held out", self.held_out.len())
-        };
+        let held = held_note(self.held_out.len());
         format!("{} tokens{held}, tokenizer {}, vocabulary {}", self.ids.len(), self.tokenizer, self.vocab_size)
     }
 }
