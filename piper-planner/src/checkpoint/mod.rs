@@ -210,7 +210,7 @@ impl Manifest {
     /// model it holds.
     pub fn check_model(&self, folder: &Path, spec: &ModelSpec, model_config: &str) -> Result<()> {
         let show = folder.join("manifest.json").display().to_string();
-        if self.model != *spec {
+        if !same_model(&self.model, spec) {
             return Err(Error::file(
                 show,
                 format!(
@@ -232,6 +232,18 @@ impl Manifest {
         }
         Ok(())
     }
+}
+
+/// Whether a checkpoint's model is `spec`. A manifest written before specs carried the load-balancing
+/// weight has none; it is the same model whatever weight the spec now reads from its config.
+fn same_model(saved: &ModelSpec, spec: &ModelSpec) -> bool {
+    let mut saved = saved.clone();
+    if let (Some(s), Some(m)) = (saved.moe.as_mut(), spec.moe.as_ref())
+        && s.router_aux_loss_coef.is_none()
+    {
+        s.router_aux_loss_coef = m.router_aux_loss_coef;
+    }
+    saved == *spec
 }
 
 /// Checkpoint folders `step-*` under `dir` that hold a manifest, by step, oldest first.

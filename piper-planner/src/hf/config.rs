@@ -203,6 +203,10 @@ pub fn from_hf_config(value: &Value, source: &str) -> Result<ModelSpec> {
         clip_qkv: fields.f64_opt("clip_qkv")?.or(spec.clip_qkv),
         ..spec
     };
+    let mut spec = spec;
+    if let Some(moe) = spec.moe.as_mut() {
+        moe.router_aux_loss_coef = fields.f64_opt("router_aux_loss_coef")?;
+    }
     spec.validate()?;
     Ok(spec)
 }
@@ -311,6 +315,7 @@ fn deepseek(f: &Fields) -> Result<ModelSpec> {
         n_group: if group_limited { f.u64_opt("n_group")? } else { None },
         topk_group: if group_limited { f.u64_opt("topk_group")? } else { None },
         routed_scaling_factor: f.f64_opt("routed_scaling_factor")?,
+        router_aux_loss_coef: None,
     };
     let dense_mlp = if first_k_dense > 0 || every > 1 { Some(swiglu(f.u64("intermediate_size")?)) } else { None };
     Ok(ModelSpec {
@@ -438,7 +443,7 @@ pub fn mixtral_config(spec: &ModelSpec) -> Option<Value> {
         && moe.expert.gated
         && !moe.expert.bias;
     shaped.then(|| {
-        json!({
+        let mut config = json!({
             "architectures": ["MixtralForCausalLM"],
             "model_type": "mixtral",
             "hidden_size": spec.hidden_size,
@@ -457,7 +462,11 @@ pub fn mixtral_config(spec: &ModelSpec) -> Option<Value> {
             "hidden_act": "silu",
             "max_position_embeddings": 4096,
             "torch_dtype": "float32",
-        })
+        });
+        if let Some(coef) = moe.router_aux_loss_coef {
+            config["router_aux_loss_coef"] = coef.into();
+        }
+        config
     })
 }
 

@@ -1,10 +1,12 @@
 //! Model architecture: specs, presets, parameter and FLOP counts (Hugging Face configs: [`crate::hf`]).
 
+pub mod builder;
 pub mod counts;
 pub mod presets;
 pub mod spec;
 mod validate;
 
+pub use builder::{Family, ModelBuilder};
 pub use counts::{
     FlopsBreakdown, LayerParams, ParamBreakdown, active_params, param_breakdown, training_flops_per_token,
 };

@@ -118,6 +118,10 @@ pub struct Moe {
     /// Multiplier on the routed output (DeepSeek).
     #[serde(default)]
     pub routed_scaling_factor: Option<f64>,
+    /// Weight of the load-balancing loss in the training loss (Hugging Face's `router_aux_loss_coef`);
+    /// `None`: the runtime's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router_aux_loss_coef: Option<f64>,
 }
 
 impl Moe {
@@ -137,6 +141,7 @@ impl Moe {
             n_group: None,
             topk_group: None,
             routed_scaling_factor: None,
+            router_aux_loss_coef: None,
         }
     }
 

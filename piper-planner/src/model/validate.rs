@@ -115,6 +115,12 @@ fn check_moe_sizes(src: &str, moe: &Moe) -> Result<()> {
     if let Some(v) = moe.routed_scaling_factor {
         limits::positive(src, "routed_scaling_factor", v, 1e6)?;
     }
+    if let Some(v) = moe.router_aux_loss_coef
+        && !(v.is_finite() && (0.0..=1e3).contains(&v))
+    {
+        let why = format!("is {}; it must be a finite weight in [0, 1000]", limits::show(v));
+        return Err(Error::invalid(src, "router_aux_loss_coef", why));
+    }
     Ok(())
 }
 
