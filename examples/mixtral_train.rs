@@ -13,7 +13,6 @@
 use clap::{CommandFactory, Parser, ValueEnum};
 use piper::comm::Topology;
 use piper::comm::launch::init_world;
-use piper::modules::CausalLmConfig;
 use piper::modules::runtime::cli::{ResolvedRun, RunArgs};
 use piper::modules::runtime::report::describe_run;
 use piper::modules::runtime::run_file::{expand_config, run_file_beside, write_run_file};
@@ -68,38 +67,32 @@ fn run(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let ResolvedRun { spec, platform, config, plan, checkpoint, resume, init_hf } = a.run.resolve(world.size())?;
     let log = runtime::log::LogFilter::resolve(a.run.log.as_deref())?;
-    let mut model = CausalLmConfig::from_spec(&spec)?;
-    model.zero_router = a.run.zero_router;
-    let mut corpus = a.run.corpus(model.vocab_size, &config)?;
+    let mut corpus = a.run.corpus(spec.vocab_size as usize, &config)?;
     let device = device(a.backend)?;
-    let topo = Topology::detect(world)?;
     let peak_flops = a.run.peak_tflops.map_or_else(|| runtime::measure_peak_flops(&device), |t| t * 1e12);
     let flops_per_token = training_flops_per_token(&spec, config.seq_len as u64).total();
-    let (spec, run, plan, topo, device) = (&spec, &config, &plan, &topo, &device);
-    let platform = &platform;
-    let (checkpoint, resume) = (&checkpoint, resume.as_ref());
     let job = Job {
         spec,
-        model: &model,
-        run,
+        run: config,
         plan,
         world,
-        topo,
+        topo: Topology::detect(world)?,
         platform,
         device,
         flops_per_token,
         peak_flops,
         checkpoint,
         resume,
-        init_hf: init_hf.as_deref(),
+        init_hf,
     };
     job.check(corpus.as_ref())?;
-    let first_step = resume.map_or(0, |r| r.manifest.step as usize);
+    let (spec, config, plan) = (&job.spec, &job.run, &job.plan);
+    let first_step = job.resume.as_ref().map_or(0, |r| r.manifest.step as usize);
     let mut reporter = Reporter::new(a.run.report_options(first_step), world.rank(), config.steps)?;
     if let (Some(metrics), 0) = (&a.run.metrics, world.rank()) {
         write_run_file(&run_file_beside(metrics), &a)?;
     }
-    if let Some(r) = resume {
+    if let Some(r) = &job.resume {
         reporter.println(&format!("resuming from {} (step {first_step})", r.folder.display()));
     }
     for line in describe_run(spec, plan, &corpus.describe(), &format!("{:?}", a.backend), peak_flops) {

@@ -10,7 +10,13 @@
 pub use burn;
 pub use kernels_cubecl as kernels;
 pub use piper_burn as modules;
+/// The runtime: [`runtime::Job`], [`runtime::RunConfig`], [`runtime::execute`] (also `modules::runtime`).
+pub use piper_burn::runtime;
 pub use piper_comm as comm;
 pub use piper_models as models;
 pub use piper_planner as planner;
 pub mod alloc;
+
+/// Piper as a library: the guide of `docs/library.md`, whose examples run as doctests.
+#[doc = include_str!("../docs/library.md")]
+pub mod library {}

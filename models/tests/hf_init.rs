@@ -7,11 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::prelude::*;
-use piper_burn::CausalLmConfig;
 use piper_burn::corpus::{Corpus, Grammar};
 use piper_burn::hf::weights::read_f32;
-use piper_burn::runtime::checkpoint::CheckpointSettings;
 use piper_burn::runtime::{self, Job, LayoutFlags, RunConfig};
 use piper_comm::{LocalWorld, Topology};
 use piper_models::eval::evaluate;
@@ -88,28 +85,19 @@ fn bf16_sharded_folders_read_as_their_rounded_values() {
 /// The first loss of a run started with `--init-hf dir` on `ranks` in-process ranks.
 fn first_loss(dir: &Path, flags: LayoutFlags) -> f64 {
     let spec = resolve_model(dir.join("config.json").to_str().unwrap()).unwrap();
-    let lm = CausalLmConfig::from_spec(&spec).unwrap();
     let run = RunConfig::new().with_steps(1).with_global_batch(4).with_seq_len(15).with_seed(1);
     let platform = piper_planner::platform::preset("local").unwrap();
     let ranks = flags.layout.gpus() as usize;
-    let plan = runtime::plan_from_flags(&spec, &platform, &run, &flags, ranks).unwrap();
     let losses = LocalWorld::run(ranks, |c| {
-        let topo = Topology::uniform(ranks, 2).unwrap();
-        let job = Job {
-            spec: &spec,
-            model: &lm,
-            run: &run,
-            plan: &plan,
-            world: &c,
-            topo: &topo,
-            platform: &platform,
-            device: &Device::flex(),
-            flops_per_token: 1.0,
-            peak_flops: 1.0,
-            checkpoint: &CheckpointSettings::default(),
-            resume: None,
-            init_hf: Some(dir),
-        };
+        let job = Job::builder(spec.clone(), &c)
+            .run(run.clone())
+            .layout(flags.clone())
+            .platform(platform.clone())
+            .topology(Topology::uniform(ranks, 2).unwrap())
+            .peak_flops(1.0)
+            .init_hf(dir)
+            .build()
+            .unwrap();
         runtime::execute(&job, &mut Grammar::new(16, 3, 9), |_| {}).unwrap().metrics[0].loss
     });
     assert!(losses.iter().all(|l| *l == losses[0]));

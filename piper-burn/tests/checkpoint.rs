@@ -61,11 +61,6 @@ fn run_rank(
     save: Option<(&Path, usize)>,
     resume: Option<&Resume>,
 ) -> Result<Vec<StepMetrics>, String> {
-    let spec = preset(model).unwrap();
-    let lm = CausalLmConfig::from_spec(&spec).unwrap();
-    let topo = Topology::uniform(world.size(), 2).unwrap();
-    let device = Device::flex();
-    let platform = piper_planner::platform::preset("local").unwrap();
     let checkpoint = CheckpointSettings {
         dir: save.map(|(d, _)| d.to_path_buf()),
         save_every: save.map_or(0, |(_, n)| n),
@@ -73,18 +68,17 @@ fn run_rank(
         ..CheckpointSettings::default()
     };
     let job = Job {
-        spec: &spec,
-        model: &lm,
-        run,
-        plan,
+        spec: preset(model).unwrap(),
+        run: run.clone(),
+        plan: plan.clone(),
         world,
-        topo: &topo,
-        platform: &platform,
-        device: &device,
+        topo: Topology::uniform(world.size(), 2).unwrap(),
+        platform: piper_planner::platform::preset("local").unwrap(),
+        device: Device::flex(),
         flops_per_token: 1.0,
         peak_flops: 1.0,
-        checkpoint: &checkpoint,
-        resume,
+        checkpoint,
+        resume: resume.cloned(),
         init_hf: None,
     };
     runtime::execute(&job, &mut Grammar::new(32, 3, 9), |_| {}).map(|t| t.metrics).map_err(|e| e.to_string())

@@ -5,9 +5,7 @@
 //! work. (The multi-process versions run `mixtral_train` under mpirun: tests/parallel_mpirun.rs.)
 
 use burn::prelude::*;
-use piper_burn::CausalLmConfig;
 use piper_burn::corpus::Grammar;
-use piper_burn::runtime::checkpoint::CheckpointSettings;
 use piper_burn::runtime::{self, Job, LayoutFlags, RunConfig, StepMetrics};
 use piper_comm::{Communicator, LocalComm, LocalWorld, Topology};
 use piper_planner::comm::A2aAlgo;
@@ -56,27 +54,14 @@ fn execute_preset(
     per_node: usize,
     zero_router: bool,
 ) -> Result<runtime::Trained, String> {
-    let spec = preset(name).unwrap();
-    let mut model = CausalLmConfig::from_spec(&spec).unwrap();
-    model.zero_router = zero_router;
-    let topo = Topology::uniform(world.size(), per_node).unwrap();
-    let device = Device::flex();
-    let platform = piper_planner::platform::preset("local").unwrap();
-    let job = Job {
-        spec: &spec,
-        model: &model,
-        run,
-        plan,
-        world,
-        topo: &topo,
-        platform: &platform,
-        device: &device,
-        flops_per_token: 1.0,
-        peak_flops: 1.0,
-        checkpoint: &CheckpointSettings::default(),
-        resume: None,
-        init_hf: None,
-    };
+    let job = Job::builder(preset(name).unwrap(), world)
+        .run(run.clone().with_zero_router(zero_router))
+        .plan(plan.clone())
+        .topology(Topology::uniform(world.size(), per_node).unwrap())
+        .platform(piper_planner::platform::preset("local").unwrap())
+        .peak_flops(1.0)
+        .build()
+        .map_err(|e| e.to_string())?;
     runtime::execute(&job, &mut Grammar::new(32, 3, 9), |_| {}).map_err(|e| e.to_string())
 }
 
@@ -106,7 +91,7 @@ fn one_process(run: &RunConfig) -> Vec<f64> {
 #[test]
 fn micro_batches_only_change_what_the_load_balancing_loss_sees() {
     // Without the load-balancing loss, gradient accumulation over 4 micro-batches is the full batch.
-    let run = config().with_aux_loss_coef(0.0);
+    let run = config().with_aux_loss_coef(Some(0.0));
     let worst = assert_close("M=4 vs M=1, no aux loss", &one_process_m(&run, 4), &one_process(&run), 1e-5);
     eprintln!("M=4 vs M=1 without the aux loss: {worst:e}");
 }
@@ -481,4 +466,58 @@ mod migration {
             }
         }
     }
+}
+
+/// The losses of one process training `spec` with `run`, the job built with the builder's defaults but
+/// the platform (so the test does not read a calibrated one) and the peak.
+fn built_losses(spec: piper_planner::model::ModelSpec, run: &RunConfig) -> Vec<f64> {
+    let world = LocalComm::single();
+    let job = Job::builder(spec, &world)
+        .run(run.clone())
+        .platform(piper_planner::platform::preset("local").unwrap())
+        .peak_flops(1.0)
+        .build()
+        .unwrap();
+    losses(&runtime::execute(&job, &mut Grammar::new(32, 3, 9), |_| {}).unwrap().metrics)
+}
+
+#[test]
+fn the_load_balancing_weight_is_the_runs_else_the_models_else_the_default() {
+    let run = config().with_steps(4);
+    let with_coef = |coef: Option<f64>| {
+        let mut spec = preset("tiny").unwrap();
+        spec.moe.as_mut().unwrap().router_aux_loss_coef = coef;
+        spec
+    };
+    let models = built_losses(with_coef(Some(0.3)), &run);
+    let runs = built_losses(with_coef(None), &run.clone().with_aux_loss_coef(Some(0.3)));
+    assert_eq!(models, runs, "the model's weight is used when the run gives none");
+    let default = built_losses(with_coef(None), &run);
+    assert_eq!(default, built_losses(with_coef(None), &run.clone().with_aux_loss_coef(Some(0.01))));
+    assert_ne!(models, default, "a weight of 0.3 must change the losses");
+    let overridden = built_losses(with_coef(Some(0.3)), &run.clone().with_aux_loss_coef(Some(0.01)));
+    assert_eq!(overridden, default, "the run's weight wins over the model's");
+}
+
+#[test]
+fn a_job_without_a_plan_gets_one_for_its_world() {
+    let run = config();
+    let layout = |ranks: usize| {
+        LocalWorld::run(ranks, |c| {
+            let job = Job::builder(preset("tiny").unwrap(), &c)
+                .run(run.clone())
+                .platform(piper_planner::platform::preset("local").unwrap())
+                .topology(Topology::uniform(ranks, 2).unwrap())
+                .peak_flops(1.0)
+                .build()
+                .unwrap();
+            (job.plan.layout(), job.plan.num_micro_batches)
+        })
+    };
+    let one = layout(1);
+    assert_eq!(one[0].0, Layout { pp: 1, ep: 1, dp: 1 });
+    assert_eq!(one[0].1, 1, "one process, one micro-batch unless asked");
+    let two = layout(2);
+    assert_eq!(two[0].0.gpus(), 2, "the planner's layout uses every rank");
+    assert!(two.iter().all(|l| *l == two[0]), "every rank builds the same plan");
 }

@@ -44,9 +44,9 @@ pub struct RunArgs {
     pub warmup: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Weight of the load-balancing loss.
-    #[arg(long, default_value_t = 0.01)]
-    pub aux_loss_coef: f64,
+    /// Weight of the load-balancing loss [default: the model config's `router_aux_loss_coef`, else 0.01].
+    #[arg(long)]
+    pub aux_loss_coef: Option<f64>,
     /// Weight of the multi-token-prediction loss (DeepSeek-V3's `num_nextn_predict_layers`). MTP is not
     /// implemented yet: 0 trains such a model without its MTP module, as transformers runs it.
     #[arg(long)]
@@ -229,7 +229,6 @@ impl RunArgs {
             dir: self.checkpoint_dir.clone(),
             save_every: self.save_every,
             keep: self.keep,
-            resume: self.resume.clone(),
             hf_config: hf_config(&source),
             tokenizer_files: match (&self.tokenizer, &self.init_hf) {
                 (Some(file), _) => vec![(file.clone(), TOKENIZER_FILE.to_string())],
@@ -273,6 +272,7 @@ impl RunArgs {
             .with_warmup_steps(self.warmup)
             .with_grad_clip(self.grad_clip)
             .with_aux_loss_coef(self.aux_loss_coef)
+            .with_zero_router(self.zero_router)
             .with_aux_loss_scope(match self.aux_loss_scope {
                 AuxScopeArg::Global => AuxLossScope::Global,
                 AuxScopeArg::MicroBatch => AuxLossScope::MicroBatch,

@@ -57,9 +57,10 @@ pub struct RunConfig {
     /// Clip the global gradient norm (over every parameter of the model, on all ranks) to this; 0: off.
     #[config(default = 1.0)]
     pub grad_clip: f64,
-    /// Weight of the load-balancing loss.
-    #[config(default = 0.01)]
-    pub aux_loss_coef: f64,
+    /// Weight of the load-balancing loss; `None`: the model's own (`router_aux_loss_coef`), else
+    /// [`DEFAULT_AUX_LOSS_COEF`](super::job::DEFAULT_AUX_LOSS_COEF).
+    #[config(default = "None")]
+    pub aux_loss_coef: Option<f64>,
     #[config(default = "AuxLossScope::Global")]
     pub aux_loss_scope: AuxLossScope,
     /// Step of DeepSeek's selection-bias update (routers with a selection bias only).
@@ -90,6 +91,9 @@ pub struct RunConfig {
     /// Tokens of the held-out split, rounded up to whole global batches of `seq_len`-token sequences.
     #[config(default = 8192)]
     pub eval_tokens: usize,
+    /// Debug: all-zero router weights (degenerate routing, for testing experts that get no tokens).
+    #[config(default = false)]
+    pub zero_router: bool,
 }
 
 /// The largest held-out split (tokens).
@@ -131,7 +135,9 @@ impl RunConfig {
         }
         finite_at_least("--weight-decay", self.weight_decay, 0.0, "a finite number ≥ 0")?;
         finite_at_least("--grad-clip", self.grad_clip, 0.0, "a finite norm ≥ 0 (0: no clipping)")?;
-        finite_at_least("--aux-loss-coef", self.aux_loss_coef, 0.0, "a finite weight ≥ 0")?;
+        if let Some(coef) = self.aux_loss_coef {
+            finite_at_least("--aux-loss-coef", coef, 0.0, "a finite weight ≥ 0")?;
+        }
         finite_at_least("--bias-update-rate", self.bias_update_rate, 0.0, "a finite rate ≥ 0")?;
         if let Some(t) = self.migration_threshold {
             finite_at_least("--migration-threshold", t, 1.0, "a finite max/mean ratio ≥ 1")?;
@@ -226,7 +232,7 @@ mod tests {
             (RunConfig::new().with_lr(-1e-3), "--lr is -0.001"),
             (RunConfig::new().with_grad_clip(f64::NAN), "--grad-clip is NaN"),
             (RunConfig::new().with_grad_clip(-1.0), "--grad-clip is -1"),
-            (RunConfig::new().with_aux_loss_coef(f64::INFINITY), "--aux-loss-coef is inf"),
+            (RunConfig::new().with_aux_loss_coef(Some(f64::INFINITY)), "--aux-loss-coef is inf"),
             (RunConfig::new().with_weight_decay(-0.1), "--weight-decay is -0.1"),
             (RunConfig::new().with_min_lr_ratio(2.0), "--min-lr-ratio is 2"),
             (RunConfig::new().with_migration_threshold(Some(0.5)), "--migration-threshold is 0.5"),

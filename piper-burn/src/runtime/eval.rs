@@ -20,7 +20,7 @@ impl RankRun<'_> {
     /// The mean next-token cross-entropy (nats) of the held-out `rows` (`seq_len + 1` ids each, whole
     /// global batches), the same on every rank.
     pub fn evaluate(&self, job: &Job, rows: &[i64]) -> Result<f64> {
-        let (run, s) = (job.run, &self.stage.shape);
+        let (run, s) = (&job.run, &self.stage.shape);
         let batch_ids = run.global_batch * (run.seq_len + 1);
         if batch_ids == 0 || rows.is_empty() || !rows.len().is_multiple_of(batch_ids) {
             return Err(RuntimeError::Internal("evaluation: the held-out rows are not whole global batches"));

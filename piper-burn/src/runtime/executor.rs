@@ -46,13 +46,13 @@ fn agree_on_the_job(job: &Job, corpus: &dyn Corpus) -> Result<()> {
     check_ranks_agree(
         job.world,
         &[
-            ("model", serde_json::to_string(job.model).map_err(RuntimeError::json("fingerprint"))?),
+            ("model", serde_json::to_string(&job.model_config()?).map_err(RuntimeError::json("fingerprint"))?),
             ("run configuration", serde_json::to_string(&run_no_seed).map_err(RuntimeError::json("fingerprint"))?),
             ("seed", job.run.seed.to_string()),
-            ("plan", serde_json::to_string(job.plan).map_err(RuntimeError::json("fingerprint"))?),
+            ("plan", serde_json::to_string(&job.plan).map_err(RuntimeError::json("fingerprint"))?),
             ("data", corpus.describe()),
             ("checkpoints", format!("{:?}", job.checkpoint)),
-            ("resume", format!("{:?}", job.resume.map(|r| (&r.folder, r.manifest.step)))),
+            ("resume", format!("{:?}", job.resume.as_ref().map(|r| (&r.folder, r.manifest.step)))),
             ("init-hf", format!("{:?}", job.init_hf)),
         ],
     )

@@ -1,6 +1,8 @@
 //! A job — everything a run needs besides its data — and what a run leaves. [`Job::check`] refuses a job
 //! that cannot run before anything is allocated.
 
+use std::path::PathBuf;
+
 use burn::prelude::*;
 use piper_comm::{Communicator, Topology};
 use piper_planner::model::ModelSpec;
@@ -18,27 +20,31 @@ use crate::corpus::Corpus;
 use crate::model::{CausalLm, CausalLmConfig};
 use crate::moe::dispatcher::ExpertPlacement;
 
-/// Everything a run needs besides its data.
+/// The load-balancing weight of a run whose model and run configuration give none.
+pub const DEFAULT_AUX_LOSS_COEF: f64 = 0.01;
+
+/// Everything a run needs besides its data. Built by [`Job::builder`], which fills what is left out; the
+/// Burn model is derived from `spec` ([`Job::model_config`]), never given beside it.
 pub struct Job<'a> {
-    pub spec: &'a ModelSpec,
-    /// The Burn model of `spec` ([`CausalLmConfig::from_spec`]).
-    pub model: &'a CausalLmConfig,
-    pub run: &'a RunConfig,
-    pub plan: &'a RunPlan,
+    /// The model: its architecture, which the planner prices and the runtime builds.
+    pub spec: ModelSpec,
+    pub run: RunConfig,
+    pub plan: RunPlan,
     pub world: &'a dyn Communicator,
-    pub topo: &'a Topology,
+    pub topo: Topology,
     /// The platform the plan was priced on (migration's cost prediction uses its intra-node bandwidth).
-    pub platform: &'a Platform,
-    pub device: &'a Device,
+    pub platform: Platform,
+    pub device: Device,
     /// Model FLOPs per token (the planner's count) and the measured peak FLOP/s of one rank: the basis
     /// of the MFU the metrics report.
     pub flops_per_token: f64,
     pub peak_flops: f64,
-    /// Where and when to save checkpoints, and the checkpoint to resume from (`--resume`).
-    pub checkpoint: &'a CheckpointSettings,
-    pub resume: Option<&'a Resume>,
-    /// A Hugging Face model folder whose weights the run starts from (`--init-hf`).
-    pub init_hf: Option<&'a std::path::Path>,
+    /// Where and when to save checkpoints.
+    pub checkpoint: CheckpointSettings,
+    /// The checkpoint the run continues from.
+    pub resume: Option<Resume>,
+    /// A Hugging Face model folder whose weights the run starts from.
+    pub init_hf: Option<PathBuf>,
 }
 
 /// What a run leaves: this rank's part of the model, the metrics of every step, each rank's peak RSS.
@@ -68,24 +74,40 @@ impl Trained {
 }
 
 impl Job<'_> {
-    /// Checks the job before any allocation: the plan against the run, model and ranks; the model config
-    /// against the spec; the data against the vocabulary; the checkpoint to resume against the model and
-    /// seed; the memory the plan needs against this machine. [`execute`](super::execute) calls it first;
-    /// callers may call it earlier (before printing anything).
+    /// The Burn configuration of the job's model: [`CausalLmConfig::from_spec`] with the run's debug
+    /// options. This is the configuration checkpoints record; the run's load-balancing weight is
+    /// [`Job::aux_loss_coef`].
+    pub fn model_config(&self) -> Result<CausalLmConfig> {
+        let mut model = CausalLmConfig::from_spec(&self.spec)?;
+        model.zero_router = self.run.zero_router;
+        Ok(model)
+    }
+
+    /// The load-balancing loss's weight: the run's, else the model's (`router_aux_loss_coef` of its
+    /// config), else [`DEFAULT_AUX_LOSS_COEF`].
+    pub fn aux_loss_coef(&self) -> f64 {
+        let model = self.spec.moe.as_ref().and_then(|m| m.router_aux_loss_coef);
+        self.run.aux_loss_coef.or(model).unwrap_or(DEFAULT_AUX_LOSS_COEF)
+    }
+
+    /// Checks the job before any allocation: the plan against the run, model and ranks; the model
+    /// against what piper-burn builds; the data against the vocabulary; the checkpoint to resume against
+    /// the model and seed; the memory the plan needs against this machine. [`execute`](super::execute)
+    /// calls it first; callers may call it earlier (before printing anything).
     pub fn check(&self, corpus: &dyn Corpus) -> Result<()> {
-        check_plan(self.plan, self.spec, self.run, self.world.size())?;
-        check_token_reductions(self.device, self.micro_batch_tokens()?)?;
+        check_plan(&self.plan, &self.spec, &self.run, self.world.size())?;
+        check_token_reductions(&self.device, self.micro_batch_tokens()?)?;
         self.check_model_and_data(corpus)?;
         self.checkpoint.validate()?;
         if self.resume.is_some() && self.init_hf.is_some() {
             return Err(RuntimeError::invalid("--init-hf and --resume", "both give the weights; pass one"));
         }
-        if let Some(r) = self.resume {
+        if let Some(r) = &self.resume {
             self.check_resume(r)?;
         }
         let me = self.world.rank();
         let on_node = self.topo.node_of.iter().filter(|n| **n == self.topo.node_of[me]).count();
-        check_fits_machine(self.plan, on_node)
+        check_fits_machine(&self.plan, on_node)
     }
 
     /// Tokens of one micro-batch on one rank.
@@ -101,26 +123,16 @@ impl Job<'_> {
         })
     }
 
-    /// The Burn model is the spec's, the data fits its vocabulary, the topology is the job's.
+    /// piper-burn builds the model, the data fits its vocabulary, the topology is the job's.
     fn check_model_and_data(&self, corpus: &dyn Corpus) -> Result<()> {
-        if self.model.layers.len() as u64 != self.spec.num_layers {
-            return Err(RuntimeError::invalid(
-                "the Burn model",
-                format!(
-                    "has {} layers but the spec {} has {}",
-                    self.model.layers.len(),
-                    self.spec.name,
-                    self.spec.num_layers
-                ),
-            ));
-        }
-        if corpus.vocab_size() > self.model.vocab_size {
+        self.model_config()?;
+        if corpus.vocab_size() as u64 > self.spec.vocab_size {
             return Err(RuntimeError::invalid(
                 "the data",
                 format!(
                     "uses {} token ids but the model's vocabulary has {}",
                     corpus.vocab_size(),
-                    self.model.vocab_size
+                    self.spec.vocab_size
                 ),
             ));
         }
@@ -142,8 +154,8 @@ impl Job<'_> {
 
     /// The checkpoint holds this model, was drawn with this seed, and has steps left to train.
     fn check_resume(&self, r: &Resume) -> Result<()> {
-        let config = serde_json::to_string(self.model).map_err(RuntimeError::json("model config"))?;
-        r.manifest.check_model(&r.folder, self.spec, &config).map_err(|e| RuntimeError::from(e).under("--resume"))?;
+        let config = serde_json::to_string(&self.model_config()?).map_err(RuntimeError::json("model config"))?;
+        r.manifest.check_model(&r.folder, &self.spec, &config).map_err(|e| RuntimeError::from(e).under("--resume"))?;
         if r.manifest.seed != self.run.seed {
             let why = format!(
                 "the checkpoint was trained with --seed {}, this run has --seed {} (the seed draws the data); pass --seed {}",

@@ -5,7 +5,8 @@
 //!
 //! - Inputs: [`cli`] (the flags), [`run_file`] (`--config run.toml`, the resolved run file),
 //!   [`config`], [`plan`] (plan files, `--plan auto`, layout flags),
-//!   [`checkpoint`] settings, [`job`] (everything a run needs, checked before anything is allocated).
+//!   [`checkpoint`] settings, [`job`] (everything a run needs, checked before anything is allocated) and
+//!   [`job_builder`] (a job from a spec and a world, the rest defaulted).
 //! - Execution: [`executor`] (set-up, resume, the step loop, finish) over [`setup`], [`step`] and
 //!   [`stage`] (one handler per instruction, full activation recompute in [`recompute`]), [`eval`] (the
 //!   held-out split, forward only), with [`grads`] (reduction and global-norm clipping),
@@ -25,6 +26,7 @@ pub mod fingerprint;
 pub mod grads;
 pub mod host;
 pub mod job;
+pub mod job_builder;
 pub mod log;
 pub mod migration;
 pub mod optim;
@@ -45,7 +47,8 @@ pub mod trace;
 pub use config::{AuxLossScope, MigrationDecision, RunConfig};
 pub use error::{Result, RuntimeError};
 pub use executor::execute;
-pub use job::{Job, Trained};
+pub use job::{DEFAULT_AUX_LOSS_COEF, Job, Trained};
+pub use job_builder::JobBuilder;
 pub use peak::measure_peak_flops;
 pub use plan::{LayoutFlags, check_plan, plan_auto, plan_from_flags};
 pub use report::{ReportOptions, Reporter, RunSummary, StepMetrics};

@@ -29,7 +29,7 @@ use crate::moe::dispatcher::{AllToAllDispatcher, ExpertPlacement, LocalDispatche
 pub(crate) struct RankRun<'a> {
     pub stage: Stage<'a>,
     /// Where this rank's part of the model sits (what it saves and loads).
-    pub share: Share<'a>,
+    pub share: Share,
     pub coords: GroupCoords,
     /// Expert placement of every MoE layer of the model (migration changes them).
     pub placements: Vec<ExpertPlacement>,
@@ -71,13 +71,14 @@ impl<'a> RankRun<'a> {
         let experts = placement.num_experts();
         let dispatcher = dispatcher(job, groups.expert, &groups.stage, &placement);
         let device = job.device.clone().autodiff();
-        let model_config = CausalLmConfig { aux_loss_coef: job.run.aux_loss_coef, ..job.model.clone() };
+        let recorded = job.model_config()?;
+        let model_config = CausalLmConfig { aux_loss_coef: job.aux_loss_coef(), ..recorded.clone() };
         let is_moe: Vec<bool> = model_config.layers.iter().map(|l| l.moe.is_some()).collect();
         let num_moe_total = is_moe.iter().filter(|m| **m).count();
         let first_moe = is_moe[..at.layers.start].iter().filter(|m| **m).count();
         // The plan's placement, or a resumed checkpoint's (after its migrations) under the same EP.
         let mut placements = vec![placement; num_moe_total];
-        if let Some(r) = job.resume {
+        if let Some(r) = &job.resume {
             placements = resumed_placements(r, &placements, at.ep)?;
         }
         let share = StageShare { layers: at.layers.clone(), is_moe, placements: &placements, ep_rank: at.ep_rank };
@@ -96,7 +97,7 @@ impl<'a> RankRun<'a> {
             placements,
             stream: instructions(job.plan.schedule, at.stage as u64, at.pp as u64, at.micro_batches as u64),
             micro_batches: at.micro_batches,
-            model_json: serde_json::to_string(job.model).map_err(RuntimeError::json("model config"))?,
+            model_json: serde_json::to_string(&recorded).map_err(RuntimeError::json("model config"))?,
             stage: Stage {
                 shape,
                 model,
@@ -116,10 +117,10 @@ impl<'a> RankRun<'a> {
     /// state, data position and migration window — and returns the first step to train and, when
     /// resuming, the seconds the load took.
     pub fn resume(&mut self, job: &Job, corpus: &mut dyn Corpus) -> Result<(usize, Option<f64>)> {
-        if let Some(dir) = job.init_hf {
+        if let Some(dir) = &job.init_hf {
             self.stage.model = init_from_hf(self.stage.model.clone(), &self.share, &self.placements, dir)?;
         }
-        let Some(r) = job.resume else { return Ok((0, None)) };
+        let Some(r) = &job.resume else { return Ok((0, None)) };
         let started = Instant::now();
         let model = self.stage.model.clone();
         self.stage.model = restore(model, &mut self.stage.optim, &self.share, &self.placements, r)?;
@@ -184,9 +185,9 @@ impl Place {
         }
     }
 
-    fn share<'a>(&self, job: &Job<'a>, first_moe: usize) -> Share<'a> {
+    fn share<'a>(&self, job: &Job<'a>, first_moe: usize) -> Share {
         Share {
-            spec: job.spec,
+            spec: job.spec.clone(),
             stage: self.stage,
             is_last: self.stage + 1 == self.pp,
             first_layer: self.layers.start,
@@ -291,12 +292,12 @@ fn migrator(job: &Job, num_moe_total: usize, experts: usize, ep: usize) -> Resul
     if !job.run.migration || ep < 2 || job.spec.moe.is_none() {
         return Ok(None);
     }
-    let (run, policy) = (job.run, &job.plan.migration);
+    let (run, policy) = (&job.run, &job.plan.migration);
     let settings = MigrationSettings {
         threshold: run.migration_threshold.unwrap_or(policy.threshold),
         check_every_steps: run.migration_every.unwrap_or(policy.check_every_steps as usize),
         max_swaps: policy.max_swaps,
-        bytes_per_expert: expert_bytes(job.spec, 12.0)?,
+        bytes_per_expert: expert_bytes(&job.spec, 12.0)?,
         link_gbs: job.platform.topology.intra_node_default_gbs,
         seconds_per_token: seconds_per_routed_token(job, ep)?,
         decision: run.migration_decision,

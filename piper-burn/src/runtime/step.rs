@@ -38,7 +38,7 @@ impl RankRun<'_> {
         corpus: &mut dyn Corpus,
         step: usize,
     ) -> Result<(StepMetrics, Vec<Vec<usize>>)> {
-        let run = job.run;
+        let run = &job.run;
         let _span = tracing::info_span!("step", step).entered();
         let start = Instant::now();
         let shape = &self.stage.shape;
@@ -144,7 +144,7 @@ impl RankRun<'_> {
             step: step as u64 + 1,
             model_config: &self.model_json,
             seed: job.run.seed,
-            plan: job.plan,
+            plan: &job.plan,
             data: corpus.position(),
             placements: &self.placements,
             window,

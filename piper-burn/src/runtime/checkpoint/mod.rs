@@ -29,7 +29,8 @@ use crate::moe::dispatcher::ExpertPlacement;
 pub use load::{init_from_hf, restore, resumed_placements};
 pub use save::{RunState, save};
 
-/// `--checkpoint-dir DIR --save-every N --keep K` and `--resume PATH`.
+/// `--checkpoint-dir DIR --save-every N --keep K` (the checkpoint a run continues from is the job's
+/// [`resume`](super::job::Job::resume)).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckpointSettings {
     pub dir: Option<PathBuf>,
@@ -37,7 +38,6 @@ pub struct CheckpointSettings {
     pub save_every: usize,
     /// Complete checkpoints to keep under `dir` (the newest).
     pub keep: usize,
-    pub resume: Option<PathBuf>,
     /// The model's own Hugging Face config.json, kept in every checkpoint for its export.
     pub hf_config: Option<serde_json::Value>,
     /// Tokenizer files kept in every checkpoint (`tokenizer/`), for its export.
@@ -47,14 +47,7 @@ pub struct CheckpointSettings {
 impl Default for CheckpointSettings {
     /// No checkpoints (keep 2 when there are).
     fn default() -> Self {
-        CheckpointSettings {
-            dir: None,
-            save_every: 0,
-            keep: 2,
-            resume: None,
-            hf_config: None,
-            tokenizer_files: Vec::new(),
-        }
+        CheckpointSettings { dir: None, save_every: 0, keep: 2, hf_config: None, tokenizer_files: Vec::new() }
     }
 }
 
@@ -90,8 +83,8 @@ pub fn open_resume(path: &Path) -> Result<Resume> {
 }
 
 /// Where this rank's part of the model sits.
-pub struct Share<'a> {
-    pub spec: &'a ModelSpec,
+pub struct Share {
+    pub spec: ModelSpec,
     pub stage: usize,
     pub is_last: bool,
     pub first_layer: usize,
@@ -102,7 +95,7 @@ pub struct Share<'a> {
     pub data_rank: usize,
 }
 
-impl Share<'_> {
+impl Share {
     /// The state dict of this rank's part of `model` under `placements` (one per MoE layer of the model).
     fn entries(&self, model: &CausalLm, placements: &[ExpertPlacement]) -> Vec<Entry> {
         let moe_index: Vec<Option<usize>> = model
@@ -116,6 +109,6 @@ impl Share<'_> {
             })
             .collect();
         let experts_of = |i: usize| moe_index[i].map_or_else(Vec::new, |k| placements[k].experts_of(self.ep_rank));
-        StateDictAdapter::new(self.spec).entries(model, self.first_layer, &experts_of)
+        StateDictAdapter::new(&self.spec).entries(model, self.first_layer, &experts_of)
     }
 }
