@@ -87,13 +87,13 @@ fn run(
     };
     job.check(corpus.as_ref())?;
     let (spec, config, plan) = (&job.spec, &job.run, &job.plan);
-    let first_step = job.resume.as_ref().map_or(0, |r| r.manifest.step as usize);
-    let mut reporter = Reporter::new(a.run.report_options(first_step), world.rank(), config.steps)?;
+    let steps_done = job.resume.as_ref().map_or(0, |r| r.manifest.step as usize);
+    let mut reporter = Reporter::new(a.run.report_options(steps_done), world.rank(), config.steps)?;
     if let (Some(metrics), 0) = (&a.run.metrics, world.rank()) {
         write_run_file(&run_file_beside(metrics), &a)?;
     }
     if let Some(r) = &job.resume {
-        reporter.println(&format!("resuming from {} (step {first_step})", r.folder.display()));
+        reporter.println(&format!("resuming from {} after step {steps_done}", r.folder.display()));
     }
     for line in describe_run(spec, plan, &corpus.describe(), &format!("{:?}", a.backend), peak_flops) {
         reporter.println(&line);

@@ -232,14 +232,14 @@ fn without_a_terminal_the_bars_lines_are_printed_plainly() {
     let (ok, out) = run(cmd, Duration::from_secs(120));
     assert!(ok, "{out}");
     assert!(out.contains("plan (local platform)") && out.contains("data: synthetic"), "{out}");
-    for step in [0, 5, 10, 15, 19] {
+    for step in [1, 5, 10, 15, 20] {
         assert!(out.contains(&format!("step {step:>5}  loss ")), "no line for step {step}:\n{out}");
     }
     assert_eq!(out.matches("  checkpoint: ").count(), 2, "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `--eval-every`: the held-out loss after steps 9 and 19 in the output, in the metrics lines
+/// `--eval-every`: the held-out loss after steps 10 and 20 in the output, in the metrics lines
 /// (`eval_loss`) and, the last one, in the summary.
 #[test]
 fn evaluations_reach_the_output_the_metrics_and_the_summary() {
@@ -256,9 +256,9 @@ fn evaluations_reach_the_output_the_metrics_and_the_summary() {
         .iter()
         .filter_map(|l| l.get("eval_loss").map(|e| (l["step"].as_u64().unwrap(), e.as_f64().unwrap())))
         .collect();
-    assert_eq!(evals.iter().map(|e| e.0).collect::<Vec<_>>(), vec![9, 19], "{out}");
+    assert_eq!(evals.iter().map(|e| e.0).collect::<Vec<_>>(), vec![10, 20], "{out}");
     assert!(evals.iter().all(|e| e.1.is_finite() && e.1 > 0.0) && evals[1].1 < evals[0].1, "{evals:?}");
-    assert!(out.contains(&format!("step    19  held-out loss {:.4}", evals[1].1)), "{out}");
+    assert!(out.contains(&format!("step    20  held-out loss {:.4}", evals[1].1)), "{out}");
     let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
     assert_eq!(s["eval_loss"].as_f64(), Some(evals[1].1));
     // The summary reads back as the library's type.
@@ -345,8 +345,8 @@ fn plots_are_drawn_from_the_metrics_at_the_end() {
     // The metrics file reads back as the library's type (a model author's own tools).
     let steps: Vec<piper::modules::runtime::report::StepMetrics> =
         std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(steps.iter().map(|m| m.step).collect::<Vec<_>>(), (0..6).collect::<Vec<_>>());
-    assert_eq!(steps.iter().filter(|m| m.eval_loss.is_some()).count(), 2, "evaluations after steps 2 and 5");
+    assert_eq!(steps.iter().map(|m| m.step).collect::<Vec<_>>(), (1..=6).collect::<Vec<_>>());
+    assert_eq!(steps.iter().filter(|m| m.eval_loss.is_some()).count(), 2, "evaluations after steps 3 and 6");
     let loss_svg = std::fs::read_to_string(plots.join("loss.svg")).unwrap();
     assert!(loss_svg.contains("held out") && loss_svg.contains("best possible"));
     let again = dir.join("again");

@@ -98,7 +98,18 @@ fn losses(
     assert!(all.iter().all(|l| l == &all[0]), "ranks disagree");
     let steps: Vec<usize> = out[0].iter().map(|m| m.step).collect();
     let first = resume.map_or(0, |r| r.manifest.step as usize);
-    assert_eq!(steps, (first..run.steps).collect::<Vec<_>>(), "a resumed run continues the step numbers");
+    assert_eq!(steps, (first + 1..=run.steps).collect::<Vec<_>>(), "a resumed run continues the step numbers");
+    for m in out[0].iter() {
+        if let Some(c) = &m.checkpoint {
+            assert_eq!(
+                c.folder.file_name().unwrap().to_str().unwrap(),
+                format!("step-{:08}", m.step),
+                "step {}",
+                m.step
+            );
+        }
+    }
+    assert_eq!(out[0].iter().filter(|m| m.checkpoint.is_some()).count() > 0, save.is_some(), "saves happened");
     all[0].clone()
 }
 

@@ -319,13 +319,13 @@ impl RunArgs {
         plan_from_flags(spec, platform, config, &flags, ranks)
     }
 
-    /// Where the per-step output goes; a resumed run's metrics continue at `first_step`.
-    pub fn report_options(&self, first_step: usize) -> ReportOptions {
+    /// Where the per-step output goes; a resumed run's metrics continue after step `steps_done`.
+    pub fn report_options(&self, steps_done: usize) -> ReportOptions {
         ReportOptions {
             metrics: self.metrics.clone(),
             log_every: self.log_every,
             progress: !self.no_progress,
-            first_step,
+            steps_done,
         }
     }
 

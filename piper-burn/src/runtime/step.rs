@@ -52,7 +52,7 @@ impl RankRun<'_> {
         }
         let totals = self.all_reduce(job, &state)?;
         if !totals.loss.is_finite() {
-            return Err(RuntimeError::Diverged { step, loss: totals.loss });
+            return Err(RuntimeError::Diverged { step: step + 1, loss: totals.loss });
         }
         let s = &self.stage.shape;
         let mine = &totals.counts[s.first_moe..s.first_moe + self.stage.model.num_moe_layers()];
@@ -87,7 +87,7 @@ impl RankRun<'_> {
         // Max / mean (the planner's measure of imbalance, 1 for an idle group).
         let max_mean = |v: &[usize]| imbalance(&v.iter().map(|x| *x as f64).collect::<Vec<_>>());
         StepMetrics {
-            step,
+            step: step + 1,
             loss: totals.loss,
             total_loss: totals.loss + totals.router,
             lr: job.run.learning_rate(step),

@@ -12,6 +12,8 @@ use crate::runtime::error::{Result, RuntimeError};
 /// What one step did (every rank gets the same numbers).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StepMetrics {
+    /// The step's number, counting from 1 (a resumed run's first step is its checkpoint's number + 1): the
+    /// checkpoint saved after step N is `step-N`, and a run resumed from it continues with step N + 1.
     pub step: usize,
     /// Next-token cross-entropy, nats.
     pub loss: f64,
@@ -83,7 +85,7 @@ pub struct SavedCheckpoint {
 /// checkpoint) leaves the file as it was; a resumed run keeps the lines of the steps before its first.
 pub struct MetricsFile {
     path: PathBuf,
-    first_step: usize,
+    steps_done: usize,
     file: Option<std::io::BufWriter<std::fs::File>>,
     /// The first write error (reported when the run finishes; training goes on).
     error: Option<String>,
@@ -92,12 +94,12 @@ pub struct MetricsFile {
 impl MetricsFile {
     /// Checks that `path` can be a file in an existing folder (the error names `--metrics`); nothing is
     /// written yet.
-    pub fn new(path: PathBuf, first_step: usize) -> Result<Self> {
+    pub fn new(path: PathBuf, steps_done: usize) -> Result<Self> {
         let parent = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         if !parent.is_dir() || path.is_dir() {
             return Err(RuntimeError::file("--metrics", &path, "not a file in an existing folder"));
         }
-        Ok(MetricsFile { path, first_step, file: None, error: None })
+        Ok(MetricsFile { path, steps_done, file: None, error: None })
     }
 
     pub fn path(&self) -> &Path {
@@ -107,7 +109,7 @@ impl MetricsFile {
     /// Appends the step's line (opening the file at the first one).
     pub fn write(&mut self, m: &StepMetrics) {
         if self.file.is_none() && self.error.is_none() {
-            match open_metrics(&self.path, self.first_step) {
+            match open_metrics(&self.path, self.steps_done) {
                 Ok(f) => self.file = Some(f),
                 Err(e) => self.error = Some(format!("{}: {e}", self.path.display())),
             }
@@ -131,17 +133,17 @@ impl MetricsFile {
     }
 }
 
-/// Opens the metrics file for a run whose first step is `first_step`: from scratch, or (resuming) with the
-/// lines of steps before it kept — rewritten atomically, so the earlier lines survive a crash.
-fn open_metrics(path: &Path, first_step: usize) -> std::io::Result<std::io::BufWriter<std::fs::File>> {
-    if first_step > 0 && path.exists() {
+/// Opens the metrics file for a run that continues after `steps_done` steps: from scratch, or (resuming)
+/// with the lines of steps `1..=steps_done` kept — rewritten atomically, so the earlier lines survive a crash.
+fn open_metrics(path: &Path, steps_done: usize) -> std::io::Result<std::io::BufWriter<std::fs::File>> {
+    if steps_done > 0 && path.exists() {
         let keep: String = std::fs::read_to_string(path)?
             .lines()
             .filter(|l| {
                 serde_json::from_str::<serde_json::Value>(l)
                     .ok()
                     .and_then(|v| v["step"].as_u64())
-                    .is_some_and(|s| (s as usize) < first_step)
+                    .is_some_and(|s| (s as usize) <= steps_done)
             })
             .map(|l| format!("{l}\n"))
             .collect();

@@ -19,9 +19,9 @@ pub struct ReportOptions {
     pub log_every: usize,
     /// A progress bar where stderr is a terminal (else plain lines).
     pub progress: bool,
-    /// The first step this run trains (a resumed run's): an existing metrics file keeps its lines of
-    /// earlier steps and continues after them.
-    pub first_step: usize,
+    /// Steps trained before this run (a resumed run's checkpoint number; 0 for a fresh run): an existing
+    /// metrics file keeps its lines of those steps and continues after them.
+    pub steps_done: usize,
 }
 
 /// Shows each step on rank 0 and records it in the metrics file; other ranks' reporters are silent.
@@ -38,12 +38,12 @@ impl Reporter {
     /// first step on.
     pub fn new(options: ReportOptions, rank: usize, steps: usize) -> Result<Self> {
         let lead = rank == 0;
-        let metrics = options.metrics.clone().filter(|_| lead).map(|p| MetricsFile::new(p, options.first_step));
+        let metrics = options.metrics.clone().filter(|_| lead).map(|p| MetricsFile::new(p, options.steps_done));
         let metrics = metrics.transpose()?;
         // Without a terminal indicatif hides the bar and drops the lines printed through it.
         let show_bar = options.progress && lead && std::io::stderr().is_terminal();
         let bar = if show_bar { ProgressBar::new(steps as u64) } else { ProgressBar::hidden() };
-        bar.set_position(options.first_step as u64);
+        bar.set_position(options.steps_done as u64);
         bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"));
         Ok(Reporter { lead, steps, bar, metrics, options })
     }
@@ -77,7 +77,7 @@ impl Reporter {
             self.println(&line);
         }
         let every = self.options.log_every;
-        if every > 0 && (m.step.is_multiple_of(every) || m.step + 1 == self.steps) {
+        if every > 0 && (m.step == 1 || m.step.is_multiple_of(every) || m.step == self.steps) {
             self.println(&step_line(m));
         }
     }
