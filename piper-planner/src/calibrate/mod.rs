@@ -30,8 +30,8 @@ use std::path::{Path, PathBuf};
 
 pub use error::{CalibrateError, Result};
 use runs::{
-    EP_RUNS, HELD_RUNS, MEMORY_SECONDS, MEMORY_STEPS, PROFILE_ROUNDS, PROFILE_STEPS, ProfileRun, STEP_RUNS,
-    TIME_SHARE_ROUNDS, TIME_SHARE_RUN, TIME_SHARE_STEPS,
+    EP_RUNS, HELD_RUNS, MEMORY_SECONDS, MEMORY_STEPS, MULTI_RANK_STEPS, PROFILE_ROUNDS, PROFILE_STEPS, ProfileRun,
+    STEP_RUNS, TIME_SHARE_ROUNDS, TIME_SHARE_RUN,
 };
 use workers::{Job, Workers, run_at_once};
 
@@ -279,14 +279,14 @@ fn profile_expert_parallel(s: &Settings, w: &Workers, threads: &[u64]) -> Result
                     t,
                     |copy| paired(i, t, copy, round),
                     |copy| {
-                        let mut args = train_args(&fused, &model, PROFILE_STEPS, &paired(i, t, copy, round));
+                        let mut args = train_args(&fused, &model, MULTI_RANK_STEPS, &paired(i, t, copy, round));
                         args.push("--profile".into());
                         let what = format!("fused run {} on {t} thread(s)", run.model.name);
                         Job { what, program: w.trainer.clone(), args, env: Vec::new() }
                     },
                 )?;
                 let path = summary(i, t, round);
-                let mut args = train_args(run, &model, PROFILE_STEPS, &path);
+                let mut args = train_args(run, &model, MULTI_RANK_STEPS, &path);
                 args.extend(["--ep".into(), ranks.to_string(), "--profile".into()]);
                 let what = format!("expert-parallel run {} on {ranks} ranks", run.model.name);
                 s.run(vec![w.under_mpirun(what, ranks, &w.trainer, args)], &[&path])?;
@@ -322,7 +322,7 @@ fn data_parallel_runs(s: &Settings, w: &Workers) -> Result<DataParallelRuns> {
         let mut steps = Vec::new();
         for ranks in [s.cores, 2 * s.cores] {
             let summary = s.work.join(format!("share-{ranks}-{round}.json"));
-            let mut args = train_args(run, &model, TIME_SHARE_STEPS, &summary);
+            let mut args = train_args(run, &model, MULTI_RANK_STEPS, &summary);
             args.extend(["--dp".into(), ranks.to_string(), "--profile".into()]);
             let what = format!("data-parallel run on {ranks} ranks");
             s.run(vec![w.under_mpirun(what, ranks, &w.trainer, args)], &[&summary])?;

@@ -100,11 +100,17 @@ pub const HELD_RUNS: [(usize, u64); 3] = [(1, 4), (6, 4), (7, 2)];
 pub const TIME_SHARE_RUN: ProfileRun = run(MIXTRAL_S, 32, 127);
 pub const TIME_SHARE_ROUNDS: usize = 2;
 
-/// Optimizer steps of each profiled run (the profile skips the first three) and of each time-sharing run.
+/// Optimizer steps of each profiled one-rank run (the profile skips the first three).
 pub const PROFILE_STEPS: u64 = 8;
+/// Optimizer steps of each run of several ranks (expert-parallel runs and their fused pairs,
+/// time-sharing runs). Ranks sharing a node take longer to settle than one rank: on an AMD EPYC Zen 4
+/// with 2 threads, `train-mixtral-s` with EP = 2 took 228, 212 and 207 ms per step over the steps after
+/// the third of 8-, 16- and 30-step runs (its fused pair 162 and 170 ms at 8 and 30), and with DP = 2
+/// 224 and 171 ms at 10 and 30 steps (the gradient reduction 30 and 9 ms) — 8 steps booked the settling
+/// to the exchange and to the replicas' synchronisation.
+pub const MULTI_RANK_STEPS: u64 = 20;
 /// Interleaved rounds of the profiled runs (each round a row of the fit).
 pub const PROFILE_ROUNDS: usize = 2;
-pub const TIME_SHARE_STEPS: u64 = 10;
 /// Seconds and most steps of a memory run (the last round on every core). The runtime's peak RSS grows
 /// over the first ~100 steps (mimalloc's per-thread pools, which keep freed pages, fill) and varies by
 /// up to 30% between short runs: the main job's model measured 94–122 MiB after 8 steps and 134–136 MiB
