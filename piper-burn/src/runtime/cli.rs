@@ -13,7 +13,7 @@ use piper_planner::run_plan::RunPlan;
 use piper_planner::text::TOKENIZER_FILE;
 
 use super::checkpoint::{CheckpointSettings, Resume, open_resume};
-use super::config::{AuxLossScope, MigrationDecision, RunConfig};
+use super::config::{AuxLossScope, FLAGS, MigrationDecision, RunConfig};
 use super::error::{Result, RuntimeError};
 use super::plan::{LayoutFlags, check_plan, plan_auto, plan_from_flags};
 use super::report::ReportOptions;
@@ -294,7 +294,7 @@ impl RunArgs {
             }
             None => config,
         };
-        config.validate()?;
+        config.validate().map_err(flag_named)?;
         Ok(config)
     }
 
@@ -361,6 +361,17 @@ fn hf_config(source: &str) -> Option<serde_json::Value> {
     (family != "piper").then_some(value)
 }
 
+/// A run-configuration error as the command line reports it: the field by its flag ([`FLAGS`]).
+fn flag_named(e: RuntimeError) -> RuntimeError {
+    match e {
+        RuntimeError::Invalid { field, why } => {
+            let flag = FLAGS.iter().find(|(name, _)| *name == field).map_or(field, |(_, flag)| flag.to_string());
+            RuntimeError::Invalid { field: flag, why }
+        }
+        other => other,
+    }
+}
+
 /// `K:FACTOR` of `--hot-experts`.
 fn parse_hot_experts(text: &str) -> Result<(usize, f64)> {
     let bad = || {
@@ -376,4 +387,37 @@ fn parse_hot_experts(text: &str) -> Result<(usize, f64)> {
         return Err(bad());
     }
     Ok((k, f))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Args {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    /// The library names a run configuration's field; the command line names its flag.
+    #[test]
+    fn a_bad_field_is_named_by_its_flag_on_the_command_line() {
+        let fields = serde_json::to_value(RunConfig::new()).unwrap();
+        for (field, _) in FLAGS {
+            assert!(fields.get(field).is_some(), "{field} is no RunConfig field");
+        }
+        let library = RunConfig::new().with_global_batch(0).validate().unwrap_err().to_string();
+        assert!(library.starts_with("global_batch is 0"), "{library}");
+        for (args, want) in [
+            (vec!["--batch-size", "0"], "--batch-size is 0"),
+            (vec!["--lr", "NaN"], "--lr is NaN"),
+            (vec!["--hot-experts", "2:inf"], "--hot-experts factor is inf"),
+        ] {
+            let parsed = Args::parse_from(std::iter::once("train").chain(args.iter().copied()));
+            let err = parsed.run.run_config(None).unwrap_err().to_string();
+            assert!(err.starts_with(want), "{args:?}: {err}");
+        }
+    }
 }

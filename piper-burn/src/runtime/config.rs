@@ -1,7 +1,7 @@
 //! The run configuration: what to optimise and for how long. The layout (PP × EP × DP, micro-batches,
 //! schedule, split, all-to-all) lives in the plan ([`piper_planner::run_plan::RunPlan`]); together
 //! they are everything a run needs. Validated once, here, before any allocation; every message names
-//! the command-line flag.
+//! the field (the command line, its flag).
 
 use burn::prelude::*;
 use piper_planner::limits::show;
@@ -104,63 +104,77 @@ pub const MAX_STEPS: usize = 100_000_000;
 pub const MAX_SEQ_LEN: usize = 1 << 20;
 pub const MAX_GLOBAL_BATCH: usize = 1 << 24;
 
-fn finite_at_least(flag: &str, v: f64, min: f64, what: &str) -> error::Result<()> {
-    if v.is_finite() && v >= min { Ok(()) } else { Err(refuse(flag, format!("is {}; it must be {what}", show(v)))) }
+/// The command-line flag of each field [`RunConfig::validate`] names: the command line reports a field
+/// by its flag.
+pub const FLAGS: [(&str, &str); 14] = [
+    ("steps", "--steps"),
+    ("global_batch", "--batch-size"),
+    ("seq_len", "--seq-len"),
+    ("lr", "--lr"),
+    ("min_lr_ratio", "--min-lr-ratio"),
+    ("weight_decay", "--weight-decay"),
+    ("grad_clip", "--grad-clip"),
+    ("aux_loss_coef", "--aux-loss-coef"),
+    ("bias_update_rate", "--bias-update-rate"),
+    ("migration_threshold", "--migration-threshold"),
+    ("migration_every", "--migration-every"),
+    ("hot_factor", "--hot-experts factor"),
+    ("eval_every", "--eval-every"),
+    ("eval_tokens", "--eval-tokens"),
+];
+
+fn finite_at_least(field: &str, v: f64, min: f64, what: &str) -> error::Result<()> {
+    if v.is_finite() && v >= min { Ok(()) } else { Err(refuse(field, format!("is {}; it must be {what}", show(v)))) }
 }
 
-fn refuse(flag: &str, why: String) -> RuntimeError {
-    RuntimeError::invalid(flag, why)
+fn refuse(field: &str, why: String) -> RuntimeError {
+    RuntimeError::invalid(field, why)
 }
 
 impl RunConfig {
-    /// Checks every field; the error names the flag and what it must be.
+    /// Checks every field; the error names the field and what it must be (the command line names its
+    /// flag instead: [`FLAGS`]).
     pub fn validate(&self) -> error::Result<()> {
         if !(1..=MAX_STEPS).contains(&self.steps) {
-            return Err(refuse("--steps", format!("is {}; it must be in 1..={MAX_STEPS}", self.steps)));
+            return Err(refuse("steps", format!("is {}; it must be in 1..={MAX_STEPS}", self.steps)));
         }
         if !(1..=MAX_GLOBAL_BATCH).contains(&self.global_batch) {
             return Err(refuse(
-                "--batch-size",
+                "global_batch",
                 format!("is {}; it must be in 1..={MAX_GLOBAL_BATCH} sequences", self.global_batch),
             ));
         }
         if !(2..=MAX_SEQ_LEN).contains(&self.seq_len) {
-            return Err(refuse("--seq-len", format!("is {}; it must be in 2..={MAX_SEQ_LEN} tokens", self.seq_len)));
+            return Err(refuse("seq_len", format!("is {}; it must be in 2..={MAX_SEQ_LEN} tokens", self.seq_len)));
         }
         if !(self.lr.is_finite() && self.lr > 0.0 && self.lr <= 10.0) {
-            return Err(refuse("--lr", format!("is {}; it must be a finite number in (0, 10]", show(self.lr))));
+            return Err(refuse("lr", format!("is {}; it must be a finite number in (0, 10]", show(self.lr))));
         }
         if !(self.min_lr_ratio.is_finite() && (0.0..=1.0).contains(&self.min_lr_ratio)) {
-            return Err(refuse("--min-lr-ratio", format!("is {}; it must be in [0, 1]", self.min_lr_ratio)));
+            return Err(refuse("min_lr_ratio", format!("is {}; it must be in [0, 1]", self.min_lr_ratio)));
         }
-        finite_at_least("--weight-decay", self.weight_decay, 0.0, "a finite number ≥ 0")?;
-        finite_at_least("--grad-clip", self.grad_clip, 0.0, "a finite norm ≥ 0 (0: no clipping)")?;
+        finite_at_least("weight_decay", self.weight_decay, 0.0, "a finite number ≥ 0")?;
+        finite_at_least("grad_clip", self.grad_clip, 0.0, "a finite norm ≥ 0 (0: no clipping)")?;
         if let Some(coef) = self.aux_loss_coef {
-            finite_at_least("--aux-loss-coef", coef, 0.0, "a finite weight ≥ 0")?;
+            finite_at_least("aux_loss_coef", coef, 0.0, "a finite weight ≥ 0")?;
         }
-        finite_at_least("--bias-update-rate", self.bias_update_rate, 0.0, "a finite rate ≥ 0")?;
+        finite_at_least("bias_update_rate", self.bias_update_rate, 0.0, "a finite rate ≥ 0")?;
         if let Some(t) = self.migration_threshold {
-            finite_at_least("--migration-threshold", t, 1.0, "a finite max/mean ratio ≥ 1")?;
+            finite_at_least("migration_threshold", t, 1.0, "a finite max/mean ratio ≥ 1")?;
         }
         if let Some(n) = self.migration_every
             && !(1..=MAX_STEPS).contains(&n)
         {
-            return Err(refuse("--migration-every", format!("is {n}; it must be in 1..={MAX_STEPS} steps")));
+            return Err(refuse("migration_every", format!("is {n}; it must be in 1..={MAX_STEPS} steps")));
         }
         if !(self.hot_factor.is_finite() && (1.0..=1e6).contains(&self.hot_factor)) {
-            return Err(refuse(
-                "--hot-experts factor",
-                format!("is {}; it must be in [1, 1e6]", show(self.hot_factor)),
-            ));
+            return Err(refuse("hot_factor", format!("is {}; it must be in [1, 1e6]", show(self.hot_factor))));
         }
         if self.eval_every > MAX_STEPS {
-            return Err(refuse("--eval-every", format!("is {}; it must be in 0..={MAX_STEPS} steps", self.eval_every)));
+            return Err(refuse("eval_every", format!("is {}; it must be in 0..={MAX_STEPS} steps", self.eval_every)));
         }
         if self.eval_every > 0 && !(1..=MAX_EVAL_TOKENS).contains(&self.eval_tokens) {
-            return Err(refuse(
-                "--eval-tokens",
-                format!("is {}; it must be in 1..={MAX_EVAL_TOKENS}", self.eval_tokens),
-            ));
+            return Err(refuse("eval_tokens", format!("is {}; it must be in 1..={MAX_EVAL_TOKENS}", self.eval_tokens)));
         }
         Ok(())
     }
@@ -222,25 +236,25 @@ mod tests {
         let ok = RunConfig::new();
         ok.validate().unwrap();
         let cases: Vec<(RunConfig, &str)> = vec![
-            (RunConfig::new().with_steps(0), "--steps is 0"),
-            (RunConfig::new().with_steps(1_000_000_000), "--steps is 1000000000"),
-            (RunConfig::new().with_global_batch(0), "--batch-size is 0"),
-            (RunConfig::new().with_seq_len(0), "--seq-len is 0"),
-            (RunConfig::new().with_seq_len(1), "--seq-len is 1"),
-            (RunConfig::new().with_seq_len(MAX_SEQ_LEN + 1), "--seq-len is 1048577"),
-            (RunConfig::new().with_lr(f64::NAN), "--lr is NaN"),
-            (RunConfig::new().with_lr(-1e-3), "--lr is -0.001"),
-            (RunConfig::new().with_grad_clip(f64::NAN), "--grad-clip is NaN"),
-            (RunConfig::new().with_grad_clip(-1.0), "--grad-clip is -1"),
-            (RunConfig::new().with_aux_loss_coef(Some(f64::INFINITY)), "--aux-loss-coef is inf"),
-            (RunConfig::new().with_weight_decay(-0.1), "--weight-decay is -0.1"),
-            (RunConfig::new().with_min_lr_ratio(2.0), "--min-lr-ratio is 2"),
-            (RunConfig::new().with_migration_threshold(Some(0.5)), "--migration-threshold is 0.5"),
-            (RunConfig::new().with_migration_threshold(Some(f64::NAN)), "--migration-threshold is NaN"),
-            (RunConfig::new().with_migration_every(Some(0)), "--migration-every is 0"),
-            (RunConfig::new().with_hot_factor(f64::INFINITY), "--hot-experts factor is inf"),
-            (RunConfig::new().with_eval_every(1).with_eval_tokens(0), "--eval-tokens is 0"),
-            (RunConfig::new().with_eval_every(MAX_STEPS + 1), "--eval-every is 100000001"),
+            (RunConfig::new().with_steps(0), "steps is 0"),
+            (RunConfig::new().with_steps(1_000_000_000), "steps is 1000000000"),
+            (RunConfig::new().with_global_batch(0), "global_batch is 0"),
+            (RunConfig::new().with_seq_len(0), "seq_len is 0"),
+            (RunConfig::new().with_seq_len(1), "seq_len is 1"),
+            (RunConfig::new().with_seq_len(MAX_SEQ_LEN + 1), "seq_len is 1048577"),
+            (RunConfig::new().with_lr(f64::NAN), "lr is NaN"),
+            (RunConfig::new().with_lr(-1e-3), "lr is -0.001"),
+            (RunConfig::new().with_grad_clip(f64::NAN), "grad_clip is NaN"),
+            (RunConfig::new().with_grad_clip(-1.0), "grad_clip is -1"),
+            (RunConfig::new().with_aux_loss_coef(Some(f64::INFINITY)), "aux_loss_coef is inf"),
+            (RunConfig::new().with_weight_decay(-0.1), "weight_decay is -0.1"),
+            (RunConfig::new().with_min_lr_ratio(2.0), "min_lr_ratio is 2"),
+            (RunConfig::new().with_migration_threshold(Some(0.5)), "migration_threshold is 0.5"),
+            (RunConfig::new().with_migration_threshold(Some(f64::NAN)), "migration_threshold is NaN"),
+            (RunConfig::new().with_migration_every(Some(0)), "migration_every is 0"),
+            (RunConfig::new().with_hot_factor(f64::INFINITY), "hot_factor is inf"),
+            (RunConfig::new().with_eval_every(1).with_eval_tokens(0), "eval_tokens is 0"),
+            (RunConfig::new().with_eval_every(MAX_STEPS + 1), "eval_every is 100000001"),
         ];
         for (c, want) in cases {
             let err = c.validate().unwrap_err().to_string();

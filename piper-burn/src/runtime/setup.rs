@@ -185,7 +185,7 @@ impl Place {
         }
     }
 
-    fn share<'a>(&self, job: &Job<'a>, first_moe: usize) -> Share {
+    fn share(&self, job: &Job, first_moe: usize) -> Share {
         Share {
             spec: job.spec.clone(),
             stage: self.stage,
