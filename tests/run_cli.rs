@@ -322,6 +322,17 @@ fn trace_holds_the_schedule_in_order_beside_the_prediction() {
     let merged = common::traced_instructions(&both);
     assert_eq!(merged.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
     assert_eq!(merged[&1].0, "stage 0 (predicted)");
+    // The predicted step starts where the run's first step does, not at the run's set-up.
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&both).unwrap()).unwrap();
+    let starts = |keep: &dyn Fn(&serde_json::Value) -> bool| {
+        let ts = doc["traceEvents"].as_array().unwrap().iter().filter(|e| keep(e)).filter_map(|e| e["ts"].as_f64());
+        ts.fold(f64::INFINITY, f64::min)
+    };
+    let first_step = starts(&|e| e["pid"] == 0 && e["name"] == "step" && (e["ph"] == "B" || e["ph"] == "X"));
+    let predicted_start = starts(&|e| e["pid"].as_u64().is_some_and(|p| p >= 1) && e["ph"] == "X");
+    // The trace's clock starts with the tracer, before the run's set-up.
+    assert!(first_step.is_finite() && first_step > 0.0, "no step span after the set-up: {first_step}");
+    assert!((predicted_start - first_step).abs() < 1e-3, "{predicted_start} vs {first_step}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -47,18 +47,33 @@ pub fn rank_part(events: Vec<Value>, rank: usize, name: &str, clock_start_us: f6
     out
 }
 
+/// A part's wall-clock start, if it carries one (a run's rank does, a prediction does not).
+fn clock(part: &[Value]) -> Option<f64> {
+    part.iter().find(|e| e["ph"] == "M" && e["name"] == CLOCK_EVENT).and_then(|e| e["args"]["start_us"].as_f64())
+}
+
+/// Where the first training step of the clocked parts begins on the merged clock (a run's set-up comes
+/// before it), if they hold a `step` span.
+fn first_step_us(parts: &[Vec<Value>], earliest: f64) -> Option<f64> {
+    let starts = parts.iter().filter_map(|p| clock(p).map(|c| (p, c - earliest))).flat_map(|(part, shift)| {
+        part.iter()
+            .filter(|e| e["name"] == "step" && (e["ph"] == "B" || e["ph"] == "X"))
+            .filter_map(move |e| e["ts"].as_f64().map(|ts| ts + shift))
+    });
+    starts.fold(None, |min: Option<f64>, ts| Some(min.map_or(ts, |m| m.min(ts))))
+}
+
 /// Traces as one: parts that carry a clock start (a run's ranks) are shifted onto the earliest one's
-/// clock, parts without one (a predicted timeline) start at zero as they are; a part whose processes
-/// are already taken (a second run, or a prediction beside a run) is renumbered after the last.
+/// clock; parts without one (a predicted step) start where the run's first step starts (at zero without
+/// a run); a part whose processes are already taken (a second run, or a prediction beside a run) is
+/// renumbered after the last.
 pub fn merge(parts: Vec<Vec<Value>>) -> Result<Value> {
-    let clock = |part: &[Value]| {
-        part.iter().find(|e| e["ph"] == "M" && e["name"] == CLOCK_EVENT).and_then(|e| e["args"]["start_us"].as_f64())
-    };
     let earliest = parts.iter().filter_map(|p| clock(p)).fold(f64::INFINITY, f64::min);
+    let unclocked_start = first_step_us(&parts, earliest).unwrap_or(0.0);
     let mut taken = std::collections::BTreeSet::new();
     let mut all = Vec::new();
     for part in parts {
-        let shift = clock(&part).map_or(0.0, |c| c - earliest);
+        let shift = clock(&part).map_or(unclocked_start, |c| c - earliest);
         let pids: std::collections::BTreeSet<u64> = part.iter().filter_map(|e| e["pid"].as_u64()).collect();
         let offset = if pids.iter().any(|p| taken.contains(p)) { taken.last().map_or(0, |l| l + 1) } else { 0 };
         taken.extend(pids.iter().map(|p| p + offset));
@@ -148,6 +163,34 @@ mod tests {
         let last = side_by_side["traceEvents"].as_array().unwrap().last().unwrap().clone();
         assert_eq!((last["pid"].as_u64(), last["ts"].as_f64()), (Some(2), Some(3.0)));
         assert!(merge(vec![vec![]]).is_err());
+    }
+
+    /// A predicted step beside a run starts where the run's first step starts (its set-up comes first),
+    /// on the merged clock; the run's own events keep their times.
+    #[test]
+    fn a_prediction_starts_at_the_runs_first_step() {
+        let step = |ts: f64| json!({"ph": "B", "pid": 1, "tid": 1, "name": "step", "ts": ts});
+        let setup = json!({"ph": "X", "pid": 1, "tid": 1, "name": "setup", "ts": 0.0, "dur": 400.0});
+        // Rank 1's tracer started 1 ms after rank 0's: its first step (200 µs on its clock) is at 1200 µs
+        // on the merged clock, after rank 0's at 500 µs.
+        let a = rank_part(vec![setup.clone(), step(500.0), step(900.0)], 0, "rank 0", 1_000_000.0);
+        let b = rank_part(vec![setup, step(200.0)], 1, "rank 1", 1_001_000.0);
+        let predicted = vec![
+            json!({"ph": "X", "pid": 0, "tid": 0, "name": "forward", "ts": 0.0, "dur": 100.0}),
+            json!({"ph": "X", "pid": 0, "tid": 0, "name": "backward", "ts": 100.0, "dur": 200.0}),
+        ];
+        let merged = merge(vec![a, b, predicted]).unwrap();
+        let events = merged["traceEvents"].as_array().unwrap();
+        let at = |name: &str| -> Vec<(u64, f64)> {
+            events
+                .iter()
+                .filter(|e| e["name"] == name && e["ph"] != "M")
+                .map(|e| (e["pid"].as_u64().unwrap(), e["ts"].as_f64().unwrap()))
+                .collect()
+        };
+        assert_eq!(at("forward"), [(2, 500.0)]);
+        assert_eq!(at("backward"), [(2, 600.0)]);
+        assert_eq!(at("step"), [(0, 500.0), (0, 900.0), (1, 1200.0)]);
     }
 
     /// The predicted timeline holds every stage's ops in its schedule's order, none overlapping, and
