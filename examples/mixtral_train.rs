@@ -158,11 +158,6 @@ fn run(
 
 fn main() {
     piper::alloc::keep_freed_pages();
-    // Before anything starts the thread pool: ranks on one host share its cores.
-    let threads = piper::modules::runtime::threads::share_cores().unwrap_or_else(|e| {
-        eprintln!("error: {e}");
-        std::process::exit(2)
-    });
     let args = expand_config(std::env::args_os().collect(), &Args::command()).unwrap_or_else(|e| {
         eprintln!("error: {e}");
         std::process::exit(2)
@@ -181,6 +176,11 @@ fn main() {
         std::process::exit(3);
     }));
     let world = init_world().unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(2)
+    });
+    // Before anything starts the thread pool: ranks on one host (as MPI counts them) share its cores.
+    let threads = piper::modules::runtime::threads::share_cores(world.local_ranks).unwrap_or_else(|e| {
         eprintln!("error: {e}");
         std::process::exit(2)
     });

@@ -371,3 +371,29 @@ fn sigusr1_under_mpirun_saves_every_rank_and_resumes_bit_exact() {
     common::signal_saves_and_resume_continues(&dir, ep2, "USR1", |pid| common::kill("USR1", pid));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A rank's threads follow the ranks on its host as MPI counts them (`MPI_Comm_split_type`), not the
+/// launcher's variables: with every such variable removed from the ranks' environment, two unbound
+/// ranks still share the host's cores (they each took every core before).
+#[test]
+#[cfg_attr(
+    not(feature = "mpi"),
+    ignore = "needs MPI: run scripts/test-mpi.sh (installs OpenMPI, builds with --features mpi)"
+)]
+fn ranks_share_the_cores_as_mpi_counts_them() {
+    common::require_mpirun();
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--oversubscribe", "--bind-to", "none", "-np", "2", "env"]);
+    for var in ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"] {
+        cmd.args(["-u", var]);
+    }
+    cmd.args(["-u", "RAYON_NUM_THREADS", "-u", "OMPI_MCA_orte_bound_at_launch"]);
+    cmd.arg(example()).args(COMMON).args(["--ep", "2", "--steps", "1"]);
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let (ok, out) = run(cmd, Duration::from_secs(120));
+    assert!(ok, "{out}");
+    let line = out.lines().find(|l| l.starts_with("threads:")).unwrap_or_else(|| panic!("no threads line: {out}"));
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let want = format!("threads: {} per rank ({cores} cores shared by 2 ranks on the host)", (cores / 2).max(1));
+    assert_eq!(line, want, "{out}");
+}

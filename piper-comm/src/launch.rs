@@ -10,6 +10,8 @@ use crate::local::LocalComm;
 /// The job's world communicator and whatever keeps its runtime alive.
 pub struct World {
     pub comm: Box<dyn Communicator>,
+    /// The world's ranks on this host, as MPI counts them (`None`: one process, no MPI).
+    pub local_ranks: Option<usize>,
     _runtime: Option<Box<dyn std::any::Any>>,
 }
 
@@ -33,8 +35,8 @@ pub fn init_world() -> Result<World> {
     if launched_by_mpi() {
         #[cfg(feature = "mpi")]
         {
-            let (runtime, comm) = crate::mpi_backend::init()?;
-            return Ok(World { comm: Box::new(comm), _runtime: Some(Box::new(runtime)) });
+            let (runtime, comm, on_host) = crate::mpi_backend::init()?;
+            return Ok(World { comm: Box::new(comm), local_ranks: Some(on_host), _runtime: Some(Box::new(runtime)) });
         }
         #[cfg(not(feature = "mpi"))]
         return Err(CommError::invalid(
@@ -43,10 +45,11 @@ pub fn init_world() -> Result<World> {
             "this program runs under an MPI launcher but was built without MPI; rebuild with `--features mpi`",
         ));
     }
-    Ok(World { comm: Box::new(LocalComm::single()), _runtime: None })
+    Ok(World { comm: Box::new(LocalComm::single()), local_ranks: None, _runtime: None })
 }
 
-/// Launcher variables holding the number of ranks on this host, in order of trust.
+/// Launcher variables holding the number of ranks on this host, in order of trust (a world started with
+/// MPI counts them with MPI instead: [`World::local_ranks`]).
 const LOCAL_SIZE_VARS: [&str; 4] =
     ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"];
 

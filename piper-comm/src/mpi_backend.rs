@@ -37,7 +37,9 @@ pub struct MpiComm {
 }
 
 /// Initialises MPI and returns the runtime guard and the world communicator.
-pub fn init() -> Result<(MpiRuntime, MpiComm)> {
+/// MPI started: the runtime to keep alive, the world, and the world's ranks on this host (MPI's own
+/// count, `MPI_Comm_split_type` with `MPI_COMM_TYPE_SHARED`, whatever the launcher's variables say).
+pub fn init() -> Result<(MpiRuntime, MpiComm, usize)> {
     let universe =
         mpi::initialize().ok_or_else(|| CommError::invalid("MPI_Init", "mpi", "MPI was already initialised"))?;
     let world = universe.world();
@@ -47,6 +49,7 @@ pub fn init() -> Result<(MpiRuntime, MpiComm)> {
         mpi::ffi::MPI_Comm_set_errhandler(world.as_raw(), mpi::ffi::RSMPI_ERRORS_RETURN)
     })?;
     let size = world.size() as usize;
+    let on_host = world.split_shared(world.rank()).size() as usize;
     let timeout = crate::communicator::timeout_from_env()?.unwrap_or(DEFAULT_TIMEOUT);
     let comm = MpiComm {
         comm: world,
@@ -55,7 +58,7 @@ pub fn init() -> Result<(MpiRuntime, MpiComm)> {
         timeout,
         poisoned: RefCell::new(None),
     };
-    Ok((MpiRuntime { _universe: universe }, comm))
+    Ok((MpiRuntime { _universe: universe }, comm, on_host))
 }
 
 fn check(op: &str, code: c_int) -> Result<()> {

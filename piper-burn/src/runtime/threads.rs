@@ -33,13 +33,14 @@ pub fn decide(cores: usize, local: Option<usize>, bound: bool) -> ThreadShare {
 }
 
 /// Sizes the global thread pool for this rank before anything uses it; returns the share (`None` when
-/// `RAYON_NUM_THREADS` decides).
-pub fn share_cores() -> Result<Option<ThreadShare>> {
+/// `RAYON_NUM_THREADS` decides). `on_host`: the world's ranks on this host as MPI counts them
+/// ([`World::local_ranks`](piper_comm::launch::World)); without it, the launcher's variables.
+pub fn share_cores(on_host: Option<usize>) -> Result<Option<ThreadShare>> {
     if std::env::var_os("RAYON_NUM_THREADS").is_some() {
         return Ok(None);
     }
     let cores = host_cores();
-    let local = local_ranks();
+    let local = on_host.or_else(local_ranks);
     let share = decide(cores, local, launcher_bound());
     rayon::ThreadPoolBuilder::new().num_threads(share.threads).build_global().map_err(|source| {
         RuntimeError::ThreadPool { threads: share.threads, ranks: local.unwrap_or(1), cores, source }

@@ -35,7 +35,7 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    let (_runtime, mut world) = match piper_comm::mpi_backend::init() {
+    let (_runtime, mut world, _) = match piper_comm::mpi_backend::init() {
         Ok(x) => x,
         Err(e) => fail(&e.to_string()),
     };
