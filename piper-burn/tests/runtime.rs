@@ -521,3 +521,16 @@ fn a_job_without_a_plan_gets_one_for_its_world() {
     assert_eq!(two[0].0.gpus(), 2, "the planner's layout uses every rank");
     assert!(two.iter().all(|l| *l == two[0]), "every rank builds the same plan");
 }
+
+/// AdamW's β and ε are the run's: the defaults given explicitly change nothing, another β₂ or ε changes
+/// the losses.
+#[test]
+fn the_optimizers_settings_are_the_runs() {
+    let run = config().with_steps(4);
+    let spec = || preset("tiny").unwrap();
+    let default = built_losses(spec(), &run);
+    let explicit = run.clone().with_adam_beta1(0.9).with_adam_beta2(0.95).with_adam_epsilon(1e-8);
+    assert_eq!(built_losses(spec(), &explicit), default);
+    assert_ne!(built_losses(spec(), &run.clone().with_adam_beta2(0.999)), default);
+    assert_ne!(built_losses(spec(), &run.clone().with_adam_epsilon(1e-3)), default);
+}

@@ -54,6 +54,14 @@ pub struct RunConfig {
     pub warmup_steps: usize,
     #[config(default = 0.1)]
     pub weight_decay: f64,
+    /// AdamW's decay rates of the first and second moments and its ε (β₂ 0.95 as Megatron and DeepSeek
+    /// train MoE models).
+    #[config(default = 0.9)]
+    pub adam_beta1: f64,
+    #[config(default = 0.95)]
+    pub adam_beta2: f64,
+    #[config(default = 1e-8)]
+    pub adam_epsilon: f64,
     /// Clip the global gradient norm (over every parameter of the model, on all ranks) to this; 0: off.
     #[config(default = 1.0)]
     pub grad_clip: f64,
@@ -154,6 +162,14 @@ impl RunConfig {
             return Err(refuse("min_lr_ratio", format!("is {}; it must be in [0, 1]", self.min_lr_ratio)));
         }
         finite_at_least("weight_decay", self.weight_decay, 0.0, "a finite number ≥ 0")?;
+        for (field, beta) in [("adam_beta1", self.adam_beta1), ("adam_beta2", self.adam_beta2)] {
+            if !(beta.is_finite() && (0.0..1.0).contains(&beta)) {
+                return Err(refuse(field, format!("is {}; it must be in [0, 1)", show(beta))));
+            }
+        }
+        if !(self.adam_epsilon.is_finite() && self.adam_epsilon > 0.0 && self.adam_epsilon <= 1.0) {
+            return Err(refuse("adam_epsilon", format!("is {}; it must be in (0, 1]", show(self.adam_epsilon))));
+        }
         finite_at_least("grad_clip", self.grad_clip, 0.0, "a finite norm ≥ 0 (0: no clipping)")?;
         if let Some(coef) = self.aux_loss_coef {
             finite_at_least("aux_loss_coef", coef, 0.0, "a finite weight ≥ 0")?;
@@ -248,6 +264,9 @@ mod tests {
             (RunConfig::new().with_grad_clip(-1.0), "grad_clip is -1"),
             (RunConfig::new().with_aux_loss_coef(Some(f64::INFINITY)), "aux_loss_coef is inf"),
             (RunConfig::new().with_weight_decay(-0.1), "weight_decay is -0.1"),
+            (RunConfig::new().with_adam_beta1(1.0), "adam_beta1 is 1"),
+            (RunConfig::new().with_adam_beta2(f64::NAN), "adam_beta2 is NaN"),
+            (RunConfig::new().with_adam_epsilon(0.0), "adam_epsilon is 0"),
             (RunConfig::new().with_min_lr_ratio(2.0), "min_lr_ratio is 2"),
             (RunConfig::new().with_migration_threshold(Some(0.5)), "migration_threshold is 0.5"),
             (RunConfig::new().with_migration_threshold(Some(f64::NAN)), "migration_threshold is NaN"),
