@@ -19,10 +19,22 @@ pub struct AdamWSettings {
     pub weight_decay: f64,
 }
 
+impl From<&super::config::RunConfig> for AdamWSettings {
+    /// The run's settings.
+    fn from(run: &super::config::RunConfig) -> Self {
+        AdamWSettings {
+            beta_1: run.adam_beta1,
+            beta_2: run.adam_beta2,
+            epsilon: run.adam_epsilon,
+            weight_decay: run.weight_decay,
+        }
+    }
+}
+
 impl Default for AdamWSettings {
-    /// β₁ 0.9, β₂ 0.95 (as Megatron and DeepSeek train MoE models), ε 1e-8, weight decay 0.1.
+    /// A run's defaults ([`RunConfig::new`](super::config::RunConfig::new)).
     fn default() -> Self {
-        AdamWSettings { beta_1: 0.9, beta_2: 0.95, epsilon: 1e-8, weight_decay: 0.1 }
+        (&super::config::RunConfig::new()).into()
     }
 }
 

@@ -84,13 +84,7 @@ impl<'a> RankRun<'a> {
         let share = StageShare { layers: at.layers.clone(), is_moe, placements: &placements, ep_rank: at.ep_rank };
         let model = draw_stage(job, &model_config, &device, &share, dispatcher.as_ref());
         let shape = at.stage_shape(job, model_config.d_model, num_moe_total, first_moe, experts);
-        let run = &job.run;
-        let optim = AdamW::new(AdamWSettings {
-            beta_1: run.adam_beta1,
-            beta_2: run.adam_beta2,
-            epsilon: run.adam_epsilon,
-            weight_decay: run.weight_decay,
-        });
+        let optim = AdamW::new(AdamWSettings::from(&job.run));
         Ok(RankRun {
             share: at.share(job, first_moe),
             coords: GroupCoords {
