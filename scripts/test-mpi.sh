@@ -26,6 +26,6 @@ mpirun --version | head -n 1
 
 cargo test "$@" -p piper-comm --features mpi --test mpirun
 # The binaries tests/parallel_mpirun.rs launches (`cargo test --test` builds no examples).
-cargo build "$@" --features mpi --example mixtral_train
+cargo build "$@" --features mpi --example mixtral_train --example custom_model
 cargo build "$@" -p piper-planner --bin piper
 cargo test "$@" --features mpi --test parallel_mpirun

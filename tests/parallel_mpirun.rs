@@ -397,3 +397,41 @@ fn ranks_share_the_cores_as_mpi_counts_them() {
     let want = format!("threads: {} per rank ({cores} cores shared by 2 ranks on the host)", (cores / 2).max(1));
     assert_eq!(line, want, "{out}");
 }
+
+/// An author's own model (`examples/custom_model.rs`: Burn's attention, LayerNorm, its own head and loss
+/// — a model the library does not define) on the runtime: as PP=2 × EP=2 under mpirun it gives the
+/// one-process losses (same micro-batch count) within 1e-6 relative; resumed on one process from its
+/// checkpoint of step 3 it continues bit for bit; the same checkpoint resumed as PP=2 × EP=2 continues
+/// within 1e-6.
+#[test]
+#[cfg_attr(
+    not(feature = "mpi"),
+    ignore = "needs MPI: run scripts/test-mpi.sh (installs OpenMPI, builds with --features mpi)"
+)]
+fn an_authors_own_model_trains_as_pp2_ep2_like_one_process_and_resumes() {
+    let dir = common::scratch("custom-model");
+    let bin = binary("examples", "custom_model");
+    let checkpoints = dir.join("checkpoints");
+    let step3 = checkpoints.join(piper::planner::checkpoint::folder_name(3));
+    let base = ["--steps", "6", "--micro-batches", "2"];
+    let train = |mut cmd: Command, name: &str, extra: &[&str]| {
+        let path = dir.join(format!("{name}.jsonl"));
+        cmd.args(base).args(extra).args(["--metrics", path.to_str().unwrap()]);
+        let (ok, out) = run(cmd, Duration::from_secs(300));
+        assert!(ok, "{name} failed:\n{out}");
+        losses(&path)
+    };
+    let ck = ["--checkpoint-dir", checkpoints.to_str().unwrap(), "--save-every", "3"];
+    let whole = train(Command::new(&bin), "one-process", &ck);
+    let pp2ep2 = ["--pp", "2", "--ep", "2"];
+    let four = train(common::mpirun(4, &[], &bin), "pp2ep2", &pp2ep2);
+    let worst = assert_close("custom model, PP2×EP2 vs one process", &four, &whole, 1e-6);
+    println!("custom model PP2×EP2: worst relative difference {worst:.2e}");
+
+    let resume = ["--resume", step3.to_str().unwrap()];
+    let resumed = train(Command::new(&bin), "resumed", &resume);
+    assert_eq!(resumed, whole[3..], "a resumed run continues bit for bit");
+    let resharded = train(common::mpirun(4, &[], &bin), "resumed-pp2ep2", &[&pp2ep2[..], &resume[..]].concat());
+    let worst = assert_close("custom model resumed as PP2×EP2", &resharded, &whole[3..], 1e-6);
+    println!("custom model resumed as PP2×EP2: worst relative difference {worst:.2e}");
+}

@@ -21,7 +21,7 @@ pub mod model;
 pub mod moe;
 pub mod runtime;
 
-pub use model::{CausalLm, CausalLmConfig, LmLoss, LmOutput, Unsupported};
+pub use model::{CausalLm, CausalLmConfig, LmLoss, LmOutput, StageModel, StageModelConfig, StagePart, Unsupported};
 pub use moe::{MoeBlock, MoeBlockConfig, MoeStats};
 
 /// Held while seeding and drawing a model's initial weights: the backend's seed may be global, so ranks

@@ -534,3 +534,35 @@ fn the_optimizers_settings_are_the_runs() {
     assert_ne!(built_losses(spec(), &run.clone().with_adam_beta2(0.999)), default);
     assert_ne!(built_losses(spec(), &run.clone().with_adam_epsilon(1e-3)), default);
 }
+
+/// A model given beside the job's spec must be the model the spec describes (the one the planner
+/// priced): another expert count, another width of the experts, another layer count are refused before
+/// the first step, naming the spec's field; the same model trains.
+#[test]
+fn a_model_that_is_not_the_specs_is_refused_naming_the_field() {
+    use piper_burn::CausalLmConfig;
+    let spec = piper_planner::model::ModelSpec::mixtral("spec").vocab_size(32).build().unwrap();
+    let world = LocalComm::single();
+    let run = config().with_steps(2);
+    let job = Job::builder(spec.clone(), &world)
+        .run(run)
+        .platform(piper_planner::platform::preset("local").unwrap())
+        .peak_flops(1.0)
+        .build()
+        .unwrap();
+    let builder = || piper_planner::model::ModelSpec::mixtral("model").vocab_size(32);
+    let moe = spec.moe.clone().unwrap();
+    let cases = [
+        (builder().experts(2 * moe.num_experts, moe.top_k).build().unwrap(), "moe.num_experts"),
+        (builder().expert_ffn(2 * moe.expert.intermediate_size).build().unwrap(), "moe.expert.intermediate_size"),
+        (builder().layers(spec.num_layers + 1).build().unwrap(), "num_layers"),
+    ];
+    for (other, field) in cases {
+        let model = CausalLmConfig::from_spec(&other).unwrap();
+        let err = runtime::execute_model(&job, &model, &mut Grammar::new(32, 3, 9), |_| {}).err().expect("refused");
+        assert!(err.to_string().contains(field), "{field}: {err}");
+    }
+    let same = CausalLmConfig::from_spec(&spec).unwrap();
+    let trained = runtime::execute_model(&job, &same, &mut Grammar::new(32, 3, 9), |_| {}).unwrap();
+    assert_eq!(trained.metrics.len(), 2);
+}

@@ -39,8 +39,18 @@ pub enum Slot {
 pub enum Target {
     Param(ParamId),
     /// A router's selection bias (DeepSeek-V3's `e_score_correction_bias`): state, not a parameter;
-    /// the index is the layer's position in `model.layers`.
+    /// the index is the block's position among the model's MoE blocks ([`StageModel::moe_blocks`]).
     RouterBias(usize),
+}
+
+/// Which part of a pipeline decides who holds a tensor: the first stage (embedding), the stage of a
+/// decoder layer, or the last stage (final norm, head, anything else outside the layers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Embedding,
+    /// Global index of the decoder layer.
+    Layer(usize),
+    Head,
 }
 
 /// One named tensor of the state dict.
@@ -49,8 +59,8 @@ pub struct Entry {
     pub name: String,
     pub target: Target,
     pub slot: Slot,
-    /// Global index of the decoder layer it belongs to (`None`: embedding, final norm, LM head).
-    pub layer: Option<usize>,
+    /// The part of the model it belongs to.
+    pub part: Part,
     /// Global expert id for an expert slice.
     pub expert: Option<usize>,
 }
@@ -109,22 +119,23 @@ impl StateDictAdapter {
         StateDictAdapter { names: FamilyNames::of(spec) }
     }
 
-    /// The state dict of `model`, whose `layers` are the model's layers `first_layer..`; `experts_of(i)`
-    /// gives the global expert ids of the local slots of the MoE block in `model.layers[i]`.
+    /// The state dict of `model`, whose `layers` are the model's layers `first_layer..`; `experts_of(k)`
+    /// gives the global expert ids of the local slots of the model's k-th MoE block.
     pub fn entries(
         &self,
         model: &CausalLm,
         first_layer: usize,
         experts_of: &dyn Fn(usize) -> Vec<usize>,
     ) -> Vec<Entry> {
-        let mut b = Builder::default();
-        b.whole("model.embed_tokens.weight".into(), model.embed.weight.id, false, None);
+        let mut b = Builder { part: Part::Embedding, ..Builder::default() };
+        b.vector("model.embed_tokens.weight".into(), model.embed.weight.id);
+        let mut k = 0;
         for (i, layer) in model.layers.iter().enumerate() {
             let g = first_layer + i;
             let p = format!("model.layers.{g}");
-            b.layer = Some(g);
-            b.whole(format!("{p}.input_layernorm.weight"), layer.input_norm.gamma.id, false, Some(g));
-            b.whole(format!("{p}.post_attention_layernorm.weight"), layer.post_attention_norm.gamma.id, false, Some(g));
+            b.part = Part::Layer(g);
+            b.vector(format!("{p}.input_layernorm.weight"), layer.input_norm.gamma.id);
+            b.vector(format!("{p}.post_attention_layernorm.weight"), layer.post_attention_norm.gamma.id);
             if let Some(a) = &layer.attention {
                 b.attention(&format!("{p}.self_attn"), a);
             }
@@ -135,26 +146,28 @@ impl StateDictAdapter {
                 b.mlp(&format!("{p}.mlp"), mlp);
             }
             if let Some(moe) = &layer.moe {
-                b.moe(&format!("{p}.{}", self.names.block), moe, &self.names, i, &experts_of(i));
+                b.moe(&format!("{p}.{}", self.names.block), moe, &self.names, k, &experts_of(k));
+                k += 1;
             }
         }
-        b.layer = None;
-        b.whole("model.norm.weight".into(), model.norm.gamma.id, false, None);
+        b.part = Part::Head;
+        b.vector("model.norm.weight".into(), model.norm.gamma.id);
         if let Some(head) = &model.lm_head_dv {
-            b.whole("lm_head.weight".into(), head.id, true, None);
+            b.linear("lm_head.weight".into(), head.id);
         }
         b.finish()
     }
 
     /// The state dict of a whole model on one rank (every expert in its own slot).
     pub fn whole_model_entries(&self, model: &CausalLm) -> Vec<Entry> {
-        let all_experts = |i: usize| (0..model.layers[i].moe.as_ref().map_or(0, |m| m.experts.num_experts())).collect();
+        let blocks = moe_blocks(model);
+        let all_experts = |k: usize| (0..blocks[k].experts.num_experts()).collect();
         self.entries(model, 0, &all_experts)
     }
 
     /// Every tensor of the whole `model` under its Hugging Face name, in HF layout: `(name, shape, values)`.
     pub fn to_hf(&self, model: &CausalLm) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-        let host = host_values(model);
+        let host = host_values(model, &moe_blocks(model));
         self.whole_model_entries(model)
             .iter()
             .map(|e| {
@@ -169,32 +182,40 @@ impl StateDictAdapter {
     /// `tensors`; every name must be there with the expected shape (the error names the first that is not).
     pub fn from_hf(&self, model: CausalLm, tensors: &NamedTensors) -> Result<CausalLm, StateDictError> {
         let entries = self.whole_model_entries(&model);
-        let values = assemble(&entries, &host_dims(&model), tensors, &|e| e.name.clone())?;
-        Ok(replace(model, &values))
+        let values = assemble(&entries, &host_dims(&model, &moe_blocks(&model)), tensors, &|e| e.name.clone())?;
+        let mut model = replace(model, &values);
+        replace_router_biases(model.layers.iter_mut().filter_map(|l| l.moe.as_mut()), &values);
+        Ok(model)
     }
 }
 
 /// Collects entries in the state dict's order: the model's own tensors, then every expert slice, then
 /// the router biases.
-#[derive(Default)]
 struct Builder {
     out: Vec<Entry>,
     experts: Vec<Entry>,
     biases: Vec<Entry>,
-    layer: Option<usize>,
+    part: Part,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder { out: Vec::new(), experts: Vec::new(), biases: Vec::new(), part: Part::Head }
+    }
 }
 
 impl Builder {
-    fn whole(&mut self, name: String, id: ParamId, transpose: bool, layer: Option<usize>) {
-        self.out.push(Entry { name, target: Target::Param(id), slot: Slot::Whole { transpose }, layer, expert: None });
+    fn whole(&mut self, name: String, id: ParamId, transpose: bool) {
+        let (target, slot, part) = (Target::Param(id), Slot::Whole { transpose }, self.part);
+        self.out.push(Entry { name, target, slot, part, expert: None });
     }
 
     fn linear(&mut self, name: String, id: ParamId) {
-        self.whole(name, id, true, self.layer);
+        self.whole(name, id, true);
     }
 
     fn vector(&mut self, name: String, id: ParamId) {
-        self.whole(name, id, false, self.layer);
+        self.whole(name, id, false);
     }
 
     fn attention(&mut self, a_: &str, a: &Attention) {
@@ -233,7 +254,7 @@ impl Builder {
     }
 
     /// The router, its bias, the expert slices of `experts` (global ids of the local slots), the shared
-    /// expert and its gate, for the block in `model.layers[index]`.
+    /// expert and its gate, for the model's MoE block `index`.
     fn moe(&mut self, b_: &str, moe: &MoeBlock, names: &FamilyNames, index: usize, experts: &[usize]) {
         self.linear(format!("{b_}.gate.weight"), moe.router.gate.weight.id);
         if moe.router.selection_bias {
@@ -241,7 +262,7 @@ impl Builder {
                 name: format!("{b_}.gate.e_score_correction_bias"),
                 target: Target::RouterBias(index),
                 slot: Slot::Whole { transpose: false },
-                layer: self.layer,
+                part: self.part,
                 expert: None,
             });
         }
@@ -256,7 +277,7 @@ impl Builder {
                     name: format!("{b_}.experts.{x}.{which}.weight"),
                     target: Target::Param(id),
                     slot: Slot::Expert { slot },
-                    layer: self.layer,
+                    part: self.part,
                     expert: Some(*x),
                 });
             }
@@ -364,12 +385,17 @@ impl ModuleVisitor for Gather {
     }
 }
 
-/// Every parameter's values, and the router biases, on the host.
-pub fn host_values(model: &CausalLm) -> HostValues {
+/// The MoE blocks of the library's model, in layer order.
+fn moe_blocks(model: &CausalLm) -> Vec<&MoeBlock> {
+    model.layers.iter().filter_map(|l| l.moe.as_ref()).collect()
+}
+
+/// Every parameter's values, and the router biases of `blocks` (the model's MoE blocks), on the host.
+pub fn host_values<M: Module>(model: &M, blocks: &[&MoeBlock]) -> HostValues {
     let mut g = Gather(HashMap::new());
     model.visit(&mut g);
-    for (i, layer) in model.layers.iter().enumerate() {
-        if let Some(moe) = layer.moe.as_ref().filter(|m| m.router.selection_bias) {
+    for (i, moe) in blocks.iter().enumerate() {
+        if moe.router.selection_bias {
             let b = moe.router.bias_e.clone();
             let dims = b.dims().to_vec();
             g.0.insert(
@@ -382,8 +408,8 @@ pub fn host_values(model: &CausalLm) -> HostValues {
 }
 
 /// The Burn-layout dims of every target of `model`.
-pub fn host_dims(model: &CausalLm) -> HashMap<Target, Vec<usize>> {
-    host_values(model).into_iter().map(|(t, (d, _))| (t, d)).collect()
+pub fn host_dims<M: Module>(model: &M, blocks: &[&MoeBlock]) -> HashMap<Target, Vec<usize>> {
+    host_values(model, blocks).into_iter().map(|(t, (d, _))| (t, d)).collect()
 }
 
 /// Assembles Burn-layout values for every target from HF-layout tensors, looked up by `name_of(entry)`
@@ -423,16 +449,23 @@ impl ModuleMapper for Replace<'_> {
     }
 }
 
-/// `model` with every target in `values` replaced (parameters keep their ids and gradient flags).
-pub fn replace(model: CausalLm, values: &HashMap<Target, Vec<f32>>) -> CausalLm {
-    let mut model = model.map(&mut Replace { values });
-    for (i, layer) in model.layers.iter_mut().enumerate() {
-        if let (Some(moe), Some(v)) = (layer.moe.as_mut(), values.get(&Target::RouterBias(i))) {
+/// `model` with every parameter in `values` replaced (they keep their ids and gradient flags); the
+/// router biases are [`replace_router_biases`]'.
+pub fn replace<M: Module>(model: M, values: &HashMap<Target, Vec<f32>>) -> M {
+    model.map(&mut Replace { values })
+}
+
+/// The router biases in `values` written into `blocks` (the model's MoE blocks, in order).
+pub fn replace_router_biases<'a>(
+    blocks: impl IntoIterator<Item = &'a mut MoeBlock>,
+    values: &HashMap<Target, Vec<f32>>,
+) {
+    for (i, moe) in blocks.into_iter().enumerate() {
+        if let Some(v) = values.get(&Target::RouterBias(i)) {
             let device = moe.router.bias_e.device();
             moe.router.bias_e = Tensor::<1>::from_data(TensorData::new(v.clone(), [v.len()]), &device);
         }
     }
-    model
 }
 
 #[cfg(test)]
@@ -440,7 +473,7 @@ mod tests {
     use super::*;
 
     fn entry(slot: Slot) -> Entry {
-        Entry { name: "t".into(), target: Target::RouterBias(0), slot, layer: None, expert: None }
+        Entry { name: "t".into(), target: Target::RouterBias(0), slot, part: Part::Head, expert: None }
     }
 
     /// The streaming view, the materialised HF tensor and the inverse agree for every slot kind, against

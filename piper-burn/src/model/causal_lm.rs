@@ -9,9 +9,10 @@ use burn::prelude::*;
 
 use super::decoder::{DecoderLayer, DecoderLayerConfig};
 use crate::layers::fused::rms_norm;
-use crate::layers::init::{initializer, normal_param};
+use crate::layers::init::{draw_now, initializer, normal_param};
 use crate::layers::kv_cache::KvCache;
 use crate::moe::MoeStats;
+use crate::moe::losses::RouterLossWeights;
 
 #[derive(Config, Debug)]
 pub struct CausalLmConfig {
@@ -62,16 +63,6 @@ pub struct LmLoss {
     pub moe: Vec<MoeStats>,
 }
 
-/// Draws every lazily initialised parameter now, in module order, so a seed gives the same weights
-/// whatever the first forward pass touches first (and whichever thread it runs on).
-struct Materialize;
-
-impl burn::module::ModuleVisitor for Materialize {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let _ = param.val();
-    }
-}
-
 impl CausalLmConfig {
     pub fn init(&self, device: &Device) -> CausalLm {
         self.init_part(device, |_, layer| Some(layer))
@@ -88,14 +79,14 @@ impl CausalLmConfig {
     ) -> CausalLm {
         let mut model = self.init_lazy(device);
         // Module order: the embedding, each layer, the final norm, the head.
-        model.embed.visit(&mut Materialize);
+        draw_now(&model.embed);
         let layers = std::mem::take(&mut model.layers);
         for (i, layer) in layers.into_iter().enumerate() {
-            layer.visit(&mut Materialize);
+            draw_now(&layer);
             model.layers.extend(part(i, layer));
         }
-        model.norm.visit(&mut Materialize);
-        model.lm_head_dv.visit(&mut Materialize);
+        draw_now(&model.norm);
+        draw_now(&model.lm_head_dv);
         if self.zero_router {
             for block in model.layers.iter_mut().filter_map(|l| l.moe.as_mut()) {
                 let shape = block.router.gate.weight.dims();
@@ -154,20 +145,6 @@ impl CausalLm {
         kernels_cubecl::cross_entropy(logits, targets_bs.reshape([b * s])).mean()
     }
 
-    /// The router-loss terms of `moe` (some of the model's `num_moe_layers` MoE layers), weighted as
-    /// in the training loss.
-    pub fn router_losses(&self, moe: &[MoeStats], num_moe_layers: usize) -> Option<Tensor<1>> {
-        let n = num_moe_layers.max(1) as f64;
-        let mut terms = Vec::new();
-        if self.aux_loss_coef > 0.0 {
-            terms.extend(moe.iter().map(|m| m.aux_loss.clone() * (self.aux_loss_coef / n)));
-        }
-        if self.z_loss_coef > 0.0 {
-            terms.extend(moe.iter().map(|m| m.z_loss() * (self.z_loss_coef / n)));
-        }
-        terms.into_iter().reduce(|a, b| a + b)
-    }
-
     /// MoE layers in the model.
     pub fn num_moe_layers(&self) -> usize {
         self.layers.iter().filter(|l| l.moe.is_some()).count()
@@ -201,24 +178,11 @@ impl CausalLm {
         let [_, s] = ids_bs.dims();
         let out = self.forward(ids_bs.clone().narrow(1, 0, s - 1));
         let cross_entropy = self.cross_entropy(out.logits_bsv, ids_bs.narrow(1, 1, s - 1));
-        let total = match self.router_losses(&out.moe, out.moe.len()) {
+        let weights = RouterLossWeights { aux: self.aux_loss_coef, z: self.z_loss_coef };
+        let total = match weights.terms(&out.moe, out.moe.len()) {
             Some(r) => cross_entropy.clone() + r,
             None => cross_entropy.clone(),
         };
         LmLoss { total, cross_entropy, moe: out.moe }
-    }
-
-    /// Applies DeepSeek-V3's bias update to every router that uses a selection bias, from the tokens
-    /// each expert received (one list per MoE layer of this model, in layer order).
-    pub fn update_router_biases(mut self, tokens_per_expert: &[Vec<usize>], rate: f64) -> Self {
-        let mut counts = tokens_per_expert.iter();
-        for layer in self.layers.iter_mut() {
-            if let Some(block) = layer.moe.take() {
-                let c = counts.next().expect("one token count per MoE layer");
-                let router = block.router.update_selection_bias(c, rate);
-                layer.moe = Some(crate::moe::MoeBlock { router, ..block });
-            }
-        }
-        self
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::dispatcher::{ExpertPlacement, TokenDispatcher};
 use super::experts::{GroupedExperts, GroupedExpertsConfig};
-use super::losses::{load_balancing_loss_from_counts, z_loss};
+use super::losses::{MoeStats, load_balancing_loss_from_counts};
 use super::permute::{PermutePlan, permute, unpermute};
 use super::router::{Router, RouterConfig, Scoring};
 use crate::layers::fused::linear;
@@ -53,31 +53,6 @@ pub struct MoeBlock {
     /// layer with nobody.
     #[module(skip)]
     pub routing: Option<ExpertRouting>,
-}
-
-/// Per-layer routing statistics of one forward pass.
-#[derive(Debug, Clone)]
-pub struct MoeStats {
-    /// Load-balancing auxiliary loss (softmax over all experts).
-    pub aux_loss: Tensor<1>,
-    /// Token copies per expert.
-    pub tokens_per_expert: Vec<usize>,
-    /// Router logits `[t, e]`.
-    pub router_logits_te: Tensor<2>,
-}
-
-impl MoeStats {
-    /// Router z-loss of these logits (computed on demand: most runs do not weigh it in).
-    pub fn z_loss(&self) -> Tensor<1> {
-        z_loss(self.router_logits_te.clone())
-    }
-
-    /// Max / mean tokens per expert (1 = balanced).
-    pub fn imbalance(&self) -> f64 {
-        let n = self.tokens_per_expert.len().max(1) as f64;
-        let mean = self.tokens_per_expert.iter().sum::<usize>() as f64 / n;
-        if mean == 0.0 { 1.0 } else { *self.tokens_per_expert.iter().max().unwrap_or(&0) as f64 / mean }
-    }
 }
 
 impl MoeBlockConfig {

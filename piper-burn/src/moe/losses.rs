@@ -1,4 +1,5 @@
-//! Router losses: the Switch/Mixtral load-balancing auxiliary loss and the router z-loss.
+//! Router losses: the Switch/Mixtral load-balancing auxiliary loss and the router z-loss, the routing
+//! statistics of one forward pass they come from, and their weights in a training loss.
 //!
 //! Legend: t = tokens, e = experts, k = experts per token.
 
@@ -42,6 +43,54 @@ pub fn z_loss(logits_te: Tensor<2>) -> Tensor<1> {
     let max_t1 = logits_te.clone().max_dim(1).detach();
     let lse_t1 = (logits_te - max_t1.clone()).exp().sum_dim(1).log() + max_t1;
     lse_t1.powi_scalar(2).mean()
+}
+
+/// Per-layer routing statistics of one forward pass.
+#[derive(Debug, Clone)]
+pub struct MoeStats {
+    /// Load-balancing auxiliary loss (softmax over all experts).
+    pub aux_loss: Tensor<1>,
+    /// Token copies per expert.
+    pub tokens_per_expert: Vec<usize>,
+    /// Router logits `[t, e]`.
+    pub router_logits_te: Tensor<2>,
+}
+
+impl MoeStats {
+    /// Router z-loss of these logits (computed on demand: most runs do not weigh it in).
+    pub fn z_loss(&self) -> Tensor<1> {
+        z_loss(self.router_logits_te.clone())
+    }
+
+    /// Max / mean tokens per expert (1 = balanced).
+    pub fn imbalance(&self) -> f64 {
+        let n = self.tokens_per_expert.len().max(1) as f64;
+        let mean = self.tokens_per_expert.iter().sum::<usize>() as f64 / n;
+        if mean == 0.0 { 1.0 } else { *self.tokens_per_expert.iter().max().unwrap_or(&0) as f64 / mean }
+    }
+}
+
+/// The weights of the router losses in a training loss: the load-balancing loss's and the z-loss's.
+#[derive(Clone, Copy, Debug)]
+pub struct RouterLossWeights {
+    pub aux: f64,
+    pub z: f64,
+}
+
+impl RouterLossWeights {
+    /// The router-loss terms of `moe` (some of the model's `num_moe_layers` MoE layers), each weight
+    /// divided by the MoE layer count, as in the training loss.
+    pub fn terms(&self, moe: &[MoeStats], num_moe_layers: usize) -> Option<Tensor<1>> {
+        let n = num_moe_layers.max(1) as f64;
+        let mut terms = Vec::new();
+        if self.aux > 0.0 {
+            terms.extend(moe.iter().map(|m| m.aux_loss.clone() * (self.aux / n)));
+        }
+        if self.z > 0.0 {
+            terms.extend(moe.iter().map(|m| m.z_loss() * (self.z / n)));
+        }
+        terms.into_iter().reduce(|a, b| a + b)
+    }
 }
 
 #[cfg(test)]

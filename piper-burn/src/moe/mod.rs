@@ -19,4 +19,5 @@ pub mod losses;
 pub mod permute;
 pub mod router;
 
-pub use block::{ExpertRouting, MoeBlock, MoeBlockConfig, MoeStats};
+pub use block::{ExpertRouting, MoeBlock, MoeBlockConfig};
+pub use losses::MoeStats;

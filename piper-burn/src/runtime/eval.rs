@@ -6,7 +6,6 @@
 //!
 //! Legend: b = sequences of the micro-batch, s = sequence length, d = model width.
 
-use burn::module::Module;
 use burn::prelude::*;
 use piper_comm::communicator::wait_all;
 
@@ -14,9 +13,9 @@ use super::error::{Result, RuntimeError};
 use super::job::Job;
 use super::setup::RankRun;
 use super::stage::{Stage, scalar, to_bytes};
-use crate::model::causal_lm::CausalLm;
+use crate::model::StageModel;
 
-impl RankRun<'_> {
+impl<M: StageModel> RankRun<'_, M> {
     /// The mean next-token cross-entropy (nats) of the held-out `rows` (`seq_len + 1` ids each, whole
     /// global batches), the same on every rank.
     pub fn evaluate(&self, job: &Job, rows: &[i64]) -> Result<f64> {
@@ -38,10 +37,10 @@ impl RankRun<'_> {
     }
 }
 
-impl Stage<'_> {
+impl<M: StageModel> Stage<'_, M> {
     /// One global batch forward through this stage (micro-batch i is the rows training would give it);
     /// returns the summed mean cross-entropy of its micro-batches (last stage) or 0.
-    fn evaluate_batch(&self, frozen: &CausalLm, ids: &[i64], m: usize) -> Result<f32> {
+    fn evaluate_batch(&self, frozen: &M, ids: &[i64], m: usize) -> Result<f32> {
         let s = &self.shape;
         let mut sends = Vec::new();
         let mut ce_sum = 0.0;
@@ -57,9 +56,9 @@ impl Stage<'_> {
             if let Some(d) = &self.dispatcher {
                 d.begin_forward();
             }
-            let (y_bsd, _) = frozen.forward_layers(x_bsd, 0..frozen.layers.len());
+            let (y_bsd, _) = frozen.forward_stage(x_bsd);
             if s.is_last {
-                ce_sum += scalar(frozen.cross_entropy(frozen.head(y_bsd), ids_bs.narrow(1, 1, s.seq)))?;
+                ce_sum += scalar(frozen.head_loss(y_bsd, ids_bs.narrow(1, 1, s.seq)))?;
             } else {
                 sends.push(self.world.isend(s.next, (2 * i) as u32, to_bytes(y_bsd)?)?);
             }

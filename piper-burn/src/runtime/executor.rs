@@ -19,18 +19,32 @@ use super::profile::{self, StepProfile};
 use super::report::StepMetrics;
 use super::setup::RankRun;
 use crate::corpus::Corpus;
+use crate::model::{StageModel, StageModelConfig};
 use piper_planner::calibrate::steal::StealClock;
 
-/// Runs the plan: `job.run.steps` optimizer steps on this rank's part of the model. Every rank gets the
-/// same metrics; `on_step` sees each step's.
+/// Runs the plan: `job.run.steps` optimizer steps on this rank's part of the library's model built from
+/// the job's spec ([`Job::model_config`]). Every rank gets the same metrics; `on_step` sees each step's.
 pub fn execute(job: &Job, corpus: &mut dyn Corpus, on_step: impl FnMut(&StepMetrics)) -> Result<Trained> {
+    execute_model(job, &job.model_config()?, corpus, on_step)
+}
+
+/// Runs the plan on the model `config` describes — the library's or an author's own
+/// ([`StageModelConfig`]); the job's spec must describe the same model (the planner priced it), which
+/// the set-up checks. Every rank gets the same metrics; `on_step` sees each step's.
+pub fn execute_model<C: StageModelConfig>(
+    job: &Job,
+    config: &C,
+    corpus: &mut dyn Corpus,
+    on_step: impl FnMut(&StepMetrics),
+) -> Result<Trained<C::Model>> {
     if job.run.eval_every > 0 && corpus.held_out().is_empty() {
         corpus.hold_out(job.run.eval_sequences(), job.run.seq_len + 1)?;
     }
-    job.check(corpus)?;
+    let model_json = job.model_json(config)?;
+    job.check_with(corpus, &model_json)?;
     super::preempt::install()?;
-    agree_on_the_job(job, corpus)?;
-    let mut rank = RankRun::new(job)?;
+    agree_on_the_job(job, &model_json, corpus)?;
+    let mut rank = RankRun::new(job, config)?;
     let (first_step, resume_seconds) = rank.resume(job, corpus)?;
     let steal = StealClock::start();
     let steps = run_steps(job, &mut rank, corpus, first_step, on_step)?;
@@ -41,12 +55,12 @@ pub fn execute(job: &Job, corpus: &mut dyn Corpus, on_step: impl FnMut(&StepMetr
 
 /// Every rank runs the same model, run configuration, seed, plan, data, checkpoints and starting
 /// weights; the job stops naming the first part that differs.
-fn agree_on_the_job(job: &Job, corpus: &dyn Corpus) -> Result<()> {
+fn agree_on_the_job(job: &Job, model_json: &str, corpus: &dyn Corpus) -> Result<()> {
     let run_no_seed = super::RunConfig { seed: 0, ..job.run.clone() };
     check_ranks_agree(
         job.world,
         &[
-            ("model", serde_json::to_string(&job.model_config()?).map_err(RuntimeError::json("fingerprint"))?),
+            ("model", model_json.to_string()),
             ("run configuration", serde_json::to_string(&run_no_seed).map_err(RuntimeError::json("fingerprint"))?),
             ("seed", job.run.seed.to_string()),
             ("plan", serde_json::to_string(&job.plan).map_err(RuntimeError::json("fingerprint"))?),
@@ -67,9 +81,9 @@ struct Steps {
 
 /// Steps `first_step..job.run.steps`: train, migrate, save, report. The profile covers the steps the
 /// summary's medians do: all but the first three (warm-up).
-fn run_steps(
+fn run_steps<M: StageModel>(
     job: &Job,
-    rank: &mut RankRun,
+    rank: &mut RankRun<M>,
     corpus: &mut dyn Corpus,
     first_step: usize,
     mut on_step: impl FnMut(&StepMetrics),
@@ -111,7 +125,7 @@ fn run_steps(
 }
 
 /// Every rank's peak memory, this rank's profile, and what the run leaves.
-fn finish(job: &Job, rank: RankRun, steps: Steps, resume_seconds: Option<f64>) -> Result<Trained> {
+fn finish<M: StageModel>(job: &Job, rank: RankRun<M>, steps: Steps, resume_seconds: Option<f64>) -> Result<Trained<M>> {
     let rss = all_gather(job.world, &[peak_rss_bytes()], "peak memory gather")?.into_iter().map(|v| v[0]).collect();
     let profile = profile::enabled().then(|| StepProfile::collect(steps.profiled_steps, steps.profiled_seconds));
     Ok(Trained {

@@ -3,13 +3,13 @@
 //! expert-data-parallel group for expert weights), and clipping by the global norm over the whole model
 //! on all ranks (as `torch.nn.utils.clip_grad_norm_` on one process).
 
-use burn::module::{Module, ModuleVisitor, Param, ParamId};
+use burn::module::{ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use piper_comm::Communicator;
 
 use super::error::{Result, RuntimeError, host_f32};
-use crate::model::causal_lm::CausalLm;
+use crate::model::StageModel;
 
 /// Parameter ids and ranks of every float parameter.
 pub struct Collect(pub Vec<(ParamId, usize)>);
@@ -21,13 +21,12 @@ impl ModuleVisitor for Collect {
 }
 
 /// Every float parameter of `model`: (id, rank, is an expert weight).
-pub fn parameters(model: &CausalLm) -> Vec<(ParamId, usize, bool)> {
+pub fn parameters<M: StageModel>(model: &M) -> Vec<(ParamId, usize, bool)> {
     let mut all = Collect(Vec::new());
     model.visit(&mut all);
     let experts: Vec<ParamId> = model
-        .layers
-        .iter()
-        .filter_map(|l| l.moe.as_ref())
+        .moe_blocks()
+        .into_iter()
         .flat_map(|m| [m.experts.w_gate_edf.id, m.experts.w_up_edf.id, m.experts.w_down_efd.id])
         .collect();
     all.0.into_iter().map(|(id, d)| (id, d, experts.contains(&id))).collect()

@@ -48,8 +48,8 @@ pub struct Job<'a> {
 }
 
 /// What a run leaves: this rank's part of the model, the metrics of every step, each rank's peak RSS.
-pub struct Trained {
-    pub model: CausalLm,
+pub struct Trained<M = CausalLm> {
+    pub model: M,
     pub metrics: Vec<StepMetrics>,
     pub peak_rss_bytes: Vec<u64>,
     /// Expert placement per MoE layer of the whole model.
@@ -62,7 +62,7 @@ pub struct Trained {
     pub steal_share: Option<f64>,
 }
 
-impl Trained {
+impl<M> Trained<M> {
     /// The run's summary against `plan` (`flops_per_token` converts tokens/s into the platform MFU).
     pub fn summary(&self, plan: &RunPlan, flops_per_token: f64) -> RunSummary {
         let placements = self.placements.iter().map(ExpertPlacement::ranks_of).collect();
@@ -95,6 +95,11 @@ impl Job<'_> {
     /// the model and seed; the memory the plan needs against this machine. [`execute`](super::execute)
     /// calls it first; callers may call it earlier (before printing anything).
     pub fn check(&self, corpus: &dyn Corpus) -> Result<()> {
+        self.check_with(corpus, &self.model_json(&self.model_config()?)?)
+    }
+
+    /// [`Job::check`] for the model whose configuration is `model_json` (see [`Job::model_json`]).
+    pub(crate) fn check_with(&self, corpus: &dyn Corpus, model_json: &str) -> Result<()> {
         check_plan(&self.plan, &self.spec, &self.run, self.world.size())?;
         check_token_reductions(&self.device, self.micro_batch_tokens()?)?;
         self.check_model_and_data(corpus)?;
@@ -103,7 +108,7 @@ impl Job<'_> {
             return Err(RuntimeError::invalid("--init-hf and --resume", "both give the weights; pass one"));
         }
         if let Some(r) = &self.resume {
-            self.check_resume(r)?;
+            self.check_resume(r, model_json)?;
         }
         let me = self.world.rank();
         let on_node = self.topo.node_of.iter().filter(|n| **n == self.topo.node_of[me]).count();
@@ -123,9 +128,13 @@ impl Job<'_> {
         })
     }
 
-    /// piper-burn builds the model, the data fits its vocabulary, the topology is the job's.
+    /// The configuration a checkpoint records and every rank must agree on.
+    pub fn model_json<C: serde::Serialize>(&self, config: &C) -> Result<String> {
+        serde_json::to_string(config).map_err(RuntimeError::json("model config"))
+    }
+
+    /// The data fits the model's vocabulary, the topology is the job's.
     fn check_model_and_data(&self, corpus: &dyn Corpus) -> Result<()> {
-        self.model_config()?;
         if corpus.vocab_size() as u64 > self.spec.vocab_size {
             return Err(RuntimeError::invalid(
                 "the data",
@@ -153,9 +162,8 @@ impl Job<'_> {
     }
 
     /// The checkpoint holds this model, was drawn with this seed, and has steps left to train.
-    fn check_resume(&self, r: &Resume) -> Result<()> {
-        let config = serde_json::to_string(&self.model_config()?).map_err(RuntimeError::json("model config"))?;
-        r.manifest.check_model(&r.folder, &self.spec, &config).map_err(|e| RuntimeError::from(e).under("--resume"))?;
+    fn check_resume(&self, r: &Resume, config: &str) -> Result<()> {
+        r.manifest.check_model(&r.folder, &self.spec, config).map_err(|e| RuntimeError::from(e).under("--resume"))?;
         if r.manifest.seed != self.run.seed {
             let why = format!(
                 "the checkpoint was trained with --seed {}, this run has --seed {} (the seed draws the data); pass --seed {}",

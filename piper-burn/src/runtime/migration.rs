@@ -26,7 +26,7 @@ use super::fault;
 use super::fingerprint::check_ranks_agree;
 use super::optim::AdamW;
 use super::report::MigrationEvent;
-use crate::model::CausalLm;
+use crate::model::StageModel;
 use crate::moe::MoeBlock;
 use crate::moe::dispatcher::ExpertPlacement;
 
@@ -213,15 +213,15 @@ pub struct GroupCoords {
 /// layer's stage move its experts; every rank updates its placement table. `first_moe` is the index of
 /// this stage's first MoE layer, `stage_ranks` the ranks per stage (the events' times are their mean).
 #[allow(clippy::too_many_arguments)]
-pub fn migrate(
+pub fn migrate<M: StageModel>(
     migrator: &mut Migrator,
-    mut model: CausalLm,
+    mut model: M,
     placements: &mut [ExpertPlacement],
     optim: &mut AdamW,
     world: &dyn Communicator,
     coords: &GroupCoords,
     at: Progress,
-) -> Result<(CausalLm, Vec<MigrationEvent>)> {
+) -> Result<(M, Vec<MigrationEvent>)> {
     let decisions = migrator.decide(placements, at.steps_left)?;
     if decisions.is_empty() {
         return Ok((model, Vec::new()));
@@ -231,16 +231,16 @@ pub fn migrate(
             decisions.iter().map(|(l, d)| (*l, &d.migration.placement_after)).collect();
         check_ranks_agree(world, &[("migration decision", format!("{decided:?}"))])?;
     }
-    let moe_slots: Vec<usize> =
-        model.layers.iter().enumerate().filter(|(_, l)| l.moe.is_some()).map(|(i, _)| i).collect();
+    let num_blocks = model.moe_blocks().len();
     let mut seconds = vec![0.0f32; decisions.len()];
     for (k, (layer, d)) in decisions.iter().enumerate() {
         let m = &d.migration;
         let new = placements[*layer].migrated(&m.placement_after.iter().map(|r| *r as usize).collect::<Vec<_>>())?;
-        if let Some(&i) = layer.checked_sub(at.first_moe).and_then(|j| moe_slots.get(j)) {
-            let block = model.layers[i].moe.take().ok_or(RuntimeError::Internal("an MoE layer without its block"))?;
-            let (block, secs) = move_experts(block, &placements[*layer], &new, optim, world, coords, *layer)?;
-            model.layers[i].moe = Some(block);
+        if let Some(j) = layer.checked_sub(at.first_moe).filter(|j| *j < num_blocks) {
+            let mut blocks = model.moe_blocks_mut();
+            let block = blocks.swap_remove(j);
+            let (moved, secs) = move_experts(block.clone(), &placements[*layer], &new, optim, world, coords, *layer)?;
+            *block = moved;
             seconds[k] = secs as f32;
         }
         placements[*layer] = new;

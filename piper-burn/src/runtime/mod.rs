@@ -7,7 +7,9 @@
 //!   [`config`], [`plan`] (plan files, `--plan auto`, layout flags),
 //!   [`checkpoint`] settings, [`job`] (everything a run needs, checked before anything is allocated) and
 //!   [`job_builder`] (a job from a spec and a world, the rest defaulted).
-//! - Execution: [`executor`] (set-up, resume, the step loop, finish) over [`setup`], [`step`] and
+//! - Execution: [`executor`] (set-up, resume, the step loop, finish) of any model that implements
+//!   [`StageModel`](crate::model::StageModel) ([`execute_model`]; [`execute`] builds the library's from the
+//!   spec) over [`setup`], [`step`] and
 //!   [`stage`] (one handler per instruction, full activation recompute in [`recompute`]), [`eval`] (the
 //!   held-out split, forward only), with [`grads`] (reduction and global-norm clipping),
 //!   [`optim`] (AdamW), [`migration`] and [`checkpoint`].
@@ -46,7 +48,7 @@ pub mod trace;
 
 pub use config::{AuxLossScope, MigrationDecision, RunConfig};
 pub use error::{Result, RuntimeError};
-pub use executor::execute;
+pub use executor::{execute, execute_model};
 pub use job::{DEFAULT_AUX_LOSS_COEF, Job, Trained};
 pub use job_builder::JobBuilder;
 pub use peak::measure_peak_flops;

@@ -13,31 +13,31 @@
 //!
 //! Legend: b = sequences of the micro-batch, s = sequence length, d = model width.
 
-use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 
 use super::error::{Result, RuntimeError};
 use super::grads::accumulate;
 use super::stage::{LayerInputs, Saved, Stage, StepState};
+use crate::model::StageModel;
 
-impl Stage<'_> {
+impl<M: StageModel> Stage<'_, M> {
     /// The forward of micro-batch i's layers without a graph, keeping their inputs. `x_bsd` is the
     /// stage's input (received, or embedded with its graph). Returns the stage's output (no graph), the
     /// layers' MoE statistics and what the backward needs.
     pub(crate) fn forward_keeping_inputs(
         &self,
-        st: &mut StepState,
+        st: &mut StepState<M>,
         x_bsd: Tensor<3>,
     ) -> (Tensor<3>, Vec<crate::MoeStats>, LayerInputs) {
         let frozen = st.frozen.get_or_insert_with(|| self.model.valid());
         let embedded_bsd = (self.shape.index == 0).then(|| x_bsd.clone());
         let mut h_bsd = x_bsd.without_autodiff();
-        let mut inputs_bsd = Vec::with_capacity(frozen.layers.len());
+        let mut inputs_bsd = Vec::with_capacity(frozen.num_layers());
         let mut moe = Vec::new();
-        for layer in &frozen.layers {
+        for l in 0..frozen.num_layers() {
             inputs_bsd.push(h_bsd.clone());
-            let (y_bsd, stats) = layer.forward(h_bsd);
+            let (y_bsd, stats) = frozen.layer_forward(l, h_bsd);
             h_bsd = y_bsd;
             moe.extend(stats);
         }
@@ -48,7 +48,7 @@ impl Stage<'_> {
     /// The backward of a micro-batch whose forward kept only its layers' inputs: the head's graph (last
     /// stage), then each layer rebuilt from its input, last first, then the embedding (first stage).
     /// Leaves the gradient of the stage's input in `st.in_grads[i]` (other than the first stage).
-    pub(crate) fn backward_recomputing(&self, st: &mut StepState, i: usize, saved: Saved) -> Result<()> {
+    pub(crate) fn backward_recomputing(&self, st: &mut StepState<M>, i: usize, saved: Saved) -> Result<()> {
         let kept = saved.recompute.ok_or(RuntimeError::Internal("recompute: the forward kept no layer inputs"))?;
         let mut g_bsd = match (st.out_grads[i].take(), saved.local_loss, &kept.head_input_bsd) {
             (Some(g), _, _) => g,
@@ -76,15 +76,15 @@ impl Stage<'_> {
 
     /// Layer l rebuilt from its input `x_bsd` with its graph; the vector-Jacobian product with `g_bsd`
     /// (the gradient of its output) plus its router-loss terms. Returns the gradient of its input.
-    fn layer_backward(&self, st: &mut StepState, l: usize, x_bsd: Tensor<3>, g_bsd: Tensor<3>) -> Result<Tensor<3>> {
+    fn layer_backward(&self, st: &mut StepState<M>, l: usize, x_bsd: Tensor<3>, g_bsd: Tensor<3>) -> Result<Tensor<3>> {
         let s = &self.shape;
         if let Some(d) = &self.dispatcher {
             d.begin_forward();
         }
         let x_bsd = x_bsd.autodiff().require_grad();
-        let (y_bsd, stats) = self.model.layers[l].forward(x_bsd.clone());
+        let (y_bsd, stats) = self.model.layer_forward(l, x_bsd.clone());
         let vjp = (y_bsd * g_bsd).sum();
-        let objective = match stats.and_then(|m| self.model.router_losses(&[m], s.num_moe_total)) {
+        let objective = match stats.and_then(|m| self.router_loss.terms(&[m], s.num_moe_total)) {
             Some(r) => vjp + r * s.scale,
             None => vjp,
         };

@@ -8,9 +8,11 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
+use burn::module::Param;
 use burn::prelude::*;
 use piper_comm::Communicator;
 use piper_planner::migration::expert_bytes;
+use piper_planner::model::{LayerKind, ModelSpec};
 use piper_planner::schedule::{Instr, instructions};
 
 use super::checkpoint::{Share, init_from_hf, restore, resumed_placements};
@@ -21,13 +23,14 @@ use super::migration::{GroupCoords, MigrationSettings, Migrator};
 use super::optim::{AdamW, AdamWSettings};
 use super::stage::{Stage, StageShape};
 use crate::corpus::Corpus;
-use crate::model::{CausalLm, CausalLmConfig};
+use crate::model::stage_model::{ExpertRoutes, StageModel, StageModelConfig, StagePart};
 use crate::moe::dispatcher::exchange::ExchangeGroup;
 use crate::moe::dispatcher::{AllToAllDispatcher, ExpertPlacement, LocalDispatcher, SharedComm, TokenDispatcher};
+use crate::moe::losses::RouterLossWeights;
 
 /// One rank's part of a running job: its stage and what the step loop needs around it.
-pub(crate) struct RankRun<'a> {
-    pub stage: Stage<'a>,
+pub(crate) struct RankRun<'a, M: StageModel> {
+    pub stage: Stage<'a, M>,
     /// Where this rank's part of the model sits (what it saves and loads).
     pub share: Share,
     pub coords: GroupCoords,
@@ -62,18 +65,17 @@ struct Groups {
     expert_dp: Box<dyn Communicator>,
 }
 
-impl<'a> RankRun<'a> {
-    /// Sets the rank up: groups, dispatcher, its stage of the model, optimizer, migration, stream.
-    pub fn new(job: &Job<'a>) -> Result<Self> {
+impl<'a, M: StageModel> RankRun<'a, M> {
+    /// Sets the rank up: groups, dispatcher, its stage of the model `config` describes, optimizer,
+    /// migration, stream.
+    pub fn new<C: StageModelConfig<Model = M>>(job: &Job<'a>, config: &C) -> Result<Self> {
         let at = Place::of(job);
         let groups = Groups::split(job.world, &at)?;
         let placement = ExpertPlacement::new(job.plan.expert_placement.iter().map(|r| *r as usize).collect(), at.ep)?;
         let experts = placement.num_experts();
         let dispatcher = dispatcher(job, groups.expert, &groups.stage, &placement);
         let device = job.device.clone().autodiff();
-        let recorded = job.model_config()?;
-        let model_config = CausalLmConfig { aux_loss_coef: job.aux_loss_coef(), ..recorded.clone() };
-        let is_moe: Vec<bool> = model_config.layers.iter().map(|l| l.moe.is_some()).collect();
+        let is_moe: Vec<bool> = job.spec.layers.iter().map(|k| *k == LayerKind::Moe).collect();
         let num_moe_total = is_moe.iter().filter(|m| **m).count();
         let first_moe = is_moe[..at.layers.start].iter().filter(|m| **m).count();
         // The plan's placement, or a resumed checkpoint's (after its migrations) under the same EP.
@@ -81,9 +83,20 @@ impl<'a> RankRun<'a> {
         if let Some(r) = &job.resume {
             placements = resumed_placements(r, &placements, at.ep)?;
         }
-        let share = StageShare { layers: at.layers.clone(), is_moe, placements: &placements, ep_rank: at.ep_rank };
-        let model = draw_stage(job, &model_config, &device, &share, dispatcher.as_ref());
-        let shape = at.stage_shape(job, model_config.d_model, num_moe_total, first_moe, experts);
+        let part = StagePart {
+            layers: at.layers.clone(),
+            is_moe,
+            is_first: at.stage == 0,
+            is_last: at.stage + 1 == at.pp,
+            routes: dispatcher.as_ref().map(|d| ExpertRoutes {
+                dispatcher: d,
+                placements: &placements,
+                ep_rank: at.ep_rank,
+            }),
+        };
+        let model = draw_stage(job, config, &device, &part)?;
+        drop(part);
+        let shape = at.stage_shape(job, job.spec.hidden_size as usize, num_moe_total, first_moe, experts);
         let optim = AdamW::new(AdamWSettings::from(&job.run));
         Ok(RankRun {
             share: at.share(job, first_moe),
@@ -97,10 +110,11 @@ impl<'a> RankRun<'a> {
             placements,
             stream: instructions(job.plan.schedule, at.stage as u64, at.pp as u64, at.micro_batches as u64),
             micro_batches: at.micro_batches,
-            model_json: serde_json::to_string(&recorded).map_err(RuntimeError::json("model config"))?,
+            model_json: serde_json::to_string(config).map_err(RuntimeError::json("model config"))?,
             stage: Stage {
                 shape,
                 model,
+                router_loss: RouterLossWeights { aux: job.aux_loss_coef(), z: config.z_loss_coef() },
                 optim,
                 world: job.world,
                 stage_comm: groups.stage,
@@ -240,49 +254,74 @@ fn dispatcher(
     }
 }
 
-/// The whole model, drawn from the run's seed (one rank at a time where ranks are threads), with the
-/// skewed routers of `--hot-experts`.
-/// What of the model a rank holds: its stage's `layers` (global indices; `is_moe` of every layer of the
-/// model), and of each MoE layer the experts its placement puts on `ep_rank`.
-struct StageShare<'p> {
-    layers: Range<usize>,
-    is_moe: Vec<bool>,
-    placements: &'p [ExpertPlacement],
-    ep_rank: usize,
+/// The rank's part of the model, drawn with the run's seed (one rank at a time where ranks are threads)
+/// as `config` draws it, checked against the job's spec; then every MoE block keeps this rank's experts
+/// and reaches the others through the expert group's dispatcher, with the run's skewed
+/// (`--hot-experts`) or zeroed routers.
+fn draw_stage<C: StageModelConfig>(job: &Job, config: &C, device: &Device, part: &StagePart) -> Result<C::Model> {
+    if config.num_layers() as u64 != job.spec.num_layers {
+        let why =
+            format!("has {} decoder layers; the spec's `num_layers` is {}", config.num_layers(), job.spec.num_layers);
+        return Err(RuntimeError::invalid("the model", why));
+    }
+    let mut model = {
+        let _one_at_a_time = crate::init_lock();
+        device.seed(job.run.seed);
+        config.init_stage(part, device)
+    };
+    check_stage(&model, &job.spec, part)?;
+    let moe_layers: Vec<usize> = part.layers.clone().filter(|i| part.is_moe[*i]).collect();
+    for (block, layer) in model.moe_blocks_mut().into_iter().zip(moe_layers) {
+        *block = part.place_experts(layer, block.clone());
+        if job.run.hot_experts > 0 {
+            block.router = block.router.clone().with_hot_experts(job.run.hot_experts, job.run.hot_factor);
+        }
+        if job.run.zero_router {
+            let gate = &mut block.router.gate.weight;
+            *gate = Param::from_tensor(Tensor::zeros(gate.dims(), device));
+        }
+    }
+    Ok(model)
 }
 
-/// The rank's part of the model, drawn with the run's seed one layer at a time (the weights are those of
-/// the whole model drawn at once, whatever the layout; a rank holds no more than its part and one whole
-/// layer): the stage's layers, whose MoE blocks keep their experts on this rank and reach the others
-/// through `dispatcher`, with the run's skewed routers (`--hot-experts`).
-fn draw_stage(
-    job: &Job,
-    config: &CausalLmConfig,
-    device: &Device,
-    share: &StageShare,
-    dispatcher: Option<&Arc<dyn TokenDispatcher>>,
-) -> CausalLm {
-    let _one_at_a_time = crate::init_lock();
-    device.seed(job.run.seed);
-    config.init_part(device, |i, mut layer| {
-        if !share.layers.contains(&i) {
-            return None;
+/// The stage `part` of a model is the one the spec describes (what the planner priced): its layer
+/// count, which of them are MoE, and each MoE block's experts, top-k and widths. The error names the
+/// spec's field.
+fn check_stage<M: StageModel>(model: &M, spec: &ModelSpec, part: &StagePart) -> Result<()> {
+    let refuse = |why: String| Err(RuntimeError::invalid("the model", why));
+    let (first, last) = (part.layers.start, part.layers.end);
+    if model.num_layers() != part.layers.len() {
+        return refuse(format!(
+            "its stage of layers {first}..{last} holds {} decoder layers; the spec (`num_layers` {}) puts {} there",
+            model.num_layers(),
+            spec.num_layers,
+            part.layers.len()
+        ));
+    }
+    let blocks = model.moe_blocks();
+    let moe_here = part.layers.clone().filter(|i| part.is_moe[*i]).count();
+    if blocks.len() != moe_here {
+        return refuse(format!(
+            "layers {first}..{last} hold {} MoE blocks; the spec's `layers` make {moe_here} of them MoE",
+            blocks.len()
+        ));
+    }
+    let Some(moe) = spec.moe.as_ref() else { return Ok(()) };
+    for (k, block) in blocks.into_iter().enumerate() {
+        let [_, d, f] = block.experts.w_gate_edf.dims();
+        let found = [
+            ("moe.num_experts", block.router.num_experts as u64, moe.num_experts),
+            ("moe.top_k", block.router.top_k as u64, moe.top_k),
+            ("hidden_size", d as u64, spec.hidden_size),
+            ("moe.expert.intermediate_size", f as u64, moe.expert.intermediate_size),
+        ];
+        if let Some((field, got, want)) = found.into_iter().find(|(_, got, want)| got != want) {
+            return refuse(format!(
+                "its MoE block {k} of layers {first}..{last} has {got} where the spec's `{field}` is {want}"
+            ));
         }
-        if let Some(block) = layer.moe.take() {
-            let mut block = match dispatcher {
-                Some(d) => {
-                    let k = share.is_moe[..i].iter().filter(|m| **m).count();
-                    block.with_routing(d.clone(), share.placements[k].clone(), share.ep_rank)
-                }
-                None => block,
-            };
-            if job.run.hot_experts > 0 {
-                block.router = block.router.clone().with_hot_experts(job.run.hot_experts, job.run.hot_factor);
-            }
-            layer.moe = Some(block);
-        }
-        Some(layer)
-    })
+    }
+    Ok(())
 }
 
 /// Expert migration when the run asks for it and experts are spread over ranks: the plan's policy with

@@ -20,8 +20,9 @@ use super::error::{Result, RuntimeError, host_f32};
 use super::grads::{accumulate, clip_global_norm, parameters, reduce_gradients};
 use super::optim::AdamW;
 use super::profile;
-use crate::model::causal_lm::CausalLm;
+use crate::model::StageModel;
 use crate::moe::dispatcher::{SharedComm, TokenDispatcher};
+use crate::moe::losses::RouterLossWeights;
 
 /// Where a stage sits and the sizes of its micro-batches.
 pub(crate) struct StageShape {
@@ -72,9 +73,10 @@ impl StageShape {
 }
 
 /// One rank's stage: its layers, optimizer and groups.
-pub(crate) struct Stage<'a> {
+pub(crate) struct Stage<'a, M: StageModel> {
     pub shape: StageShape,
-    pub model: CausalLm,
+    pub model: M,
+    pub router_loss: RouterLossWeights,
     pub optim: AdamW,
     pub world: &'a dyn Communicator,
     /// The stage's EP·DP ranks (non-expert gradients) and this rank's expert-data-parallel group.
@@ -110,7 +112,7 @@ pub(crate) struct Saved {
 }
 
 /// What one step accumulates while its instructions run.
-pub(crate) struct StepState {
+pub(crate) struct StepState<M> {
     ids: Vec<i64>,
     batches: Vec<Option<Tensor<2, Int>>>,
     inputs: Vec<Option<Tensor<3>>>,
@@ -121,7 +123,7 @@ pub(crate) struct StepState {
     pub acc: Option<GradientsParams>,
     pub params: Vec<(ParamId, usize, bool)>,
     /// Full recompute: the stage's model without autodiff, for this step's forwards.
-    pub frozen: Option<CausalLm>,
+    pub frozen: Option<M>,
     /// Cross-entropy summed over micro-batches (last stage) and the scaled router-loss terms.
     pub ce_sum: f32,
     pub router_sum: f32,
@@ -149,9 +151,9 @@ pub(super) fn scalar(t: Tensor<1>) -> Result<f32> {
     Ok(host_f32(t, "a loss")?[0])
 }
 
-impl Stage<'_> {
+impl<M: StageModel> Stage<'_, M> {
     /// A fresh step over the global batch's token ids `ids` with `m` micro-batches.
-    pub fn begin_step(&self, ids: Vec<i64>, m: usize) -> StepState {
+    pub fn begin_step(&self, ids: Vec<i64>, m: usize) -> StepState<M> {
         StepState {
             ids,
             params: parameters(&self.model),
@@ -175,7 +177,7 @@ impl Stage<'_> {
     }
 
     /// Runs one instruction (its handler) and books its compute time.
-    pub fn run(&mut self, instr: Instr, st: &mut StepState, lr: f64) -> Result<()> {
+    pub fn run(&mut self, instr: Instr, st: &mut StepState<M>, lr: f64) -> Result<()> {
         let _span = instr_span(instr).entered();
         let t = Instant::now();
         let _phase = profile::phase(match instr {
@@ -204,7 +206,7 @@ impl Stage<'_> {
     /// Micro-batch i of the step is rows `[i·R·mbs, (i + 1)·R·mbs)` of the global batch, split over the R
     /// = EP·DP replicas: the same sequences whatever the layout, so a layout equals one process with the
     /// same micro-batch count (the load-balancing loss sees one micro-batch at a time, as in Megatron).
-    fn load_micro_batch(&self, st: &mut StepState, i: usize) -> f64 {
+    fn load_micro_batch(&self, st: &mut StepState<M>, i: usize) -> f64 {
         let s = &self.shape;
         let first_row = (i * s.replicas + s.data_rank) * s.mbs;
         let rows = st.ids[first_row * (s.seq + 1)..(first_row + s.mbs) * (s.seq + 1)].to_vec();
@@ -222,13 +224,13 @@ impl Stage<'_> {
         Ok((from_bytes(&got[0], [s.mbs, s.seq, s.d_model], &self.device), t.elapsed().as_secs_f64()))
     }
 
-    fn recv_activation(&self, st: &mut StepState, i: usize) -> Result<f64> {
+    fn recv_activation(&self, st: &mut StepState<M>, i: usize) -> Result<f64> {
         let (x, waited) = self.receive(self.shape.prev, 2 * i, "activations", i)?;
         st.inputs[i] = Some(x.require_grad());
         Ok(waited)
     }
 
-    fn forward(&self, st: &mut StepState, i: usize) -> Result<f64> {
+    fn forward(&self, st: &mut StepState<M>, i: usize) -> Result<f64> {
         let (s, model) = (&self.shape, &self.model);
         if let Some(d) = &self.dispatcher {
             d.begin_forward();
@@ -249,7 +251,7 @@ impl Stage<'_> {
                 (out, moe, Some(kept))
             }
             _ => {
-                let (out, moe) = model.forward_layers(x, 0..model.layers.len());
+                let (out, moe) = model.forward_stage(x);
                 (out, moe, None)
             }
         };
@@ -259,7 +261,7 @@ impl Stage<'_> {
                 *a += *c as f32;
             }
         }
-        let router = model.router_losses(&moe, s.num_moe_total).map(|r| r * s.scale);
+        let router = self.router_loss.terms(&moe, s.num_moe_total).map(|r| r * s.scale);
         if let Some(r) = &router {
             st.router_sum += scalar(r.clone())?;
         }
@@ -269,7 +271,7 @@ impl Stage<'_> {
             let ids =
                 st.batches[i].take().ok_or(RuntimeError::Internal("schedule bug: the last stage has no targets"))?;
             let head_in = kept.as_ref().and_then(|k| k.head_input_bsd.clone()).unwrap_or_else(|| out.clone());
-            let ce = model.cross_entropy(model.head(head_in), ids.narrow(1, 1, s.seq));
+            let ce = model.head_loss(head_in, ids.narrow(1, 1, s.seq));
             st.ce_sum += scalar(ce.clone())?;
             Some(match router {
                 Some(r) => ce * s.scale + r,
@@ -282,7 +284,7 @@ impl Stage<'_> {
         Ok(0.0)
     }
 
-    fn send_activation(&self, st: &mut StepState, i: usize) -> Result<f64> {
+    fn send_activation(&self, st: &mut StepState<M>, i: usize) -> Result<f64> {
         let out =
             st.saved[i].as_ref().ok_or(RuntimeError::Internal("schedule bug: send before forward"))?.output.clone();
         let bytes = to_bytes(out.detach())?;
@@ -290,13 +292,13 @@ impl Stage<'_> {
         Ok(0.0)
     }
 
-    fn recv_grad(&self, st: &mut StepState, i: usize) -> Result<f64> {
+    fn recv_grad(&self, st: &mut StepState<M>, i: usize) -> Result<f64> {
         let (g, waited) = self.receive(self.shape.next, 2 * i + 1, "gradients", i)?;
         st.out_grads[i] = Some(g);
         Ok(waited)
     }
 
-    fn backward(&self, st: &mut StepState, i: usize) -> Result<f64> {
+    fn backward(&self, st: &mut StepState<M>, i: usize) -> Result<f64> {
         let saved = st.saved[i].take().ok_or(RuntimeError::Internal("schedule bug: backward before forward"))?;
         if saved.recompute.is_some() {
             self.backward_recomputing(st, i, saved)?;
@@ -324,7 +326,7 @@ impl Stage<'_> {
         Ok(0.0)
     }
 
-    fn send_grad(&self, st: &mut StepState, i: usize) -> Result<f64> {
+    fn send_grad(&self, st: &mut StepState<M>, i: usize) -> Result<f64> {
         let g = st.in_grads[i].take().ok_or(RuntimeError::Internal("schedule bug: send of a gradient not computed"))?;
         st.sends.push(self.world.isend(self.shape.prev, (2 * i + 1) as u32, to_bytes(g)?)?);
         Ok(0.0)
@@ -332,7 +334,7 @@ impl Stage<'_> {
 
     /// Waits for the step's sends, sums the gradients over the ranks that hold the same weights, and
     /// finds the global norm and the clipping factor (applied in the optimiser's pass).
-    fn reduce_grads(&self, st: &mut StepState) -> Result<()> {
+    fn reduce_grads(&self, st: &mut StepState<M>) -> Result<()> {
         st.makespan = st.start.elapsed().as_secs_f64();
         let sends = std::mem::take(&mut st.sends);
         wait_all(self.world, sends, &format!("stage {} pipeline sends", self.shape.index))?;
@@ -343,7 +345,7 @@ impl Stage<'_> {
         Ok(())
     }
 
-    fn optimizer_step(&mut self, st: &mut StepState, lr: f64) -> Result<()> {
+    fn optimizer_step(&mut self, st: &mut StepState<M>, lr: f64) -> Result<()> {
         st.frozen = None;
         let grads = st.acc.take().unwrap_or_default();
         self.model = self.optim.step_scaled(lr, self.model.clone(), &grads, st.grad_scale);

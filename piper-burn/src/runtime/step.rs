@@ -16,6 +16,7 @@ use super::report::{MigrationEvent, SavedCheckpoint, StepMetrics};
 use super::setup::RankRun;
 use super::stage::StepState;
 use crate::corpus::Corpus;
+use crate::model::StageModel;
 
 /// What a step's all-reduce brings back, the same on every rank.
 struct StepTotals {
@@ -29,7 +30,7 @@ struct StepTotals {
     stopping: f32,
 }
 
-impl RankRun<'_> {
+impl<M: StageModel> RankRun<'_, M> {
     /// Trains step `step` and returns its metrics (the migration and checkpoint not yet filled in) and
     /// every MoE layer's tokens per expert.
     pub fn train_step(
@@ -55,14 +56,19 @@ impl RankRun<'_> {
             return Err(RuntimeError::Diverged { step: step + 1, loss: totals.loss });
         }
         let s = &self.stage.shape;
-        let mine = &totals.counts[s.first_moe..s.first_moe + self.stage.model.num_moe_layers()];
-        self.stage.model = self.stage.model.clone().update_router_biases(mine, run.bias_update_rate);
+        let blocks = self.stage.model.moe_blocks_mut();
+        // DeepSeek-V3's bias update of every router with a selection bias, from its layer's load.
+        for (block, c) in blocks.into_iter().zip(&totals.counts[s.first_moe..]) {
+            if block.router.selection_bias {
+                block.router = block.router.clone().update_selection_bias(c, run.bias_update_rate);
+            }
+        }
         let metrics = self.metrics(job, step, start.elapsed().as_secs_f64(), &totals, state.grad_norm);
         Ok((metrics, totals.counts))
     }
 
     /// One all-reduce over the world: losses, busy fraction, and every layer's tokens per expert.
-    fn all_reduce(&self, job: &Job, state: &StepState) -> Result<StepTotals> {
+    fn all_reduce(&self, job: &Job, state: &StepState<M>) -> Result<StepTotals> {
         let (m, s) = (self.micro_batches, &self.stage.shape);
         let idle = 1.0 - state.busy / state.makespan.max(1e-12);
         let stopping = if super::preempt::received().is_some() { 1.0 } else { 0.0 };

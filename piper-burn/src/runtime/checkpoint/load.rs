@@ -9,8 +9,8 @@ use piper_planner::checkpoint::{EXP_AVG, EXP_AVG_SQ};
 use piper_planner::hf::read_hf_tensors;
 
 use super::{Resume, Share};
-use crate::hf::state_dict::{Entry, Target, assemble, host_dims, replace};
-use crate::model::CausalLm;
+use crate::hf::state_dict::{Entry, Part, Target, assemble, host_dims, replace, replace_router_biases};
+use crate::model::StageModel;
 use crate::moe::dispatcher::ExpertPlacement;
 use crate::runtime::error::{Result, RuntimeError};
 use crate::runtime::optim::AdamW;
@@ -34,14 +34,14 @@ pub fn resumed_placements(resume: &Resume, fresh: &[ExpertPlacement], ep: usize)
 
 /// The entries this rank's part of the model uses: its stage's layers with its experts, the embedding on
 /// the first stage, the final norm and head on the last.
-fn used_entries(model: &CausalLm, share: &Share, placements: &[ExpertPlacement]) -> Vec<Entry> {
+fn used_entries<M: StageModel>(model: &M, share: &Share, placements: &[ExpertPlacement]) -> Vec<Entry> {
     share
         .entries(model, placements)
         .into_iter()
-        .filter(|e| match (e.layer, e.name.starts_with("model.embed_tokens")) {
-            (None, true) => share.stage == 0,
-            (None, false) => share.is_last,
-            _ => true,
+        .filter(|e| match e.part {
+            Part::Embedding => share.stage == 0,
+            Part::Head => share.is_last,
+            Part::Layer(_) => true,
         })
         .collect()
 }
@@ -49,7 +49,7 @@ fn used_entries(model: &CausalLm, share: &Share, placements: &[ExpertPlacement])
 /// `--init-hf DIR`: replaces this rank's weights by those of the Hugging Face model folder `dir`
 /// (`model.safetensors` or a sharded index; F32, BF16 or F16), reading only the tensors its part of the
 /// model needs. The optimizer starts fresh.
-pub fn init_from_hf(model: CausalLm, share: &Share, placements: &[ExpertPlacement], dir: &Path) -> Result<CausalLm> {
+pub fn init_from_hf<M: StageModel>(model: M, share: &Share, placements: &[ExpertPlacement], dir: &Path) -> Result<M> {
     let entries = used_entries(&model, share, placements);
     let names: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
     let (tensors, missing) = read_hf_tensors(dir, &names).map_err(|e| RuntimeError::from(e).under("--init-hf"))?;
@@ -57,20 +57,27 @@ pub fn init_from_hf(model: CausalLm, share: &Share, placements: &[ExpertPlacemen
         let why = format!("the checkpoint has no tensor `{name}` ({} missing)", missing.len());
         return Err(RuntimeError::file("--init-hf", dir, why));
     }
-    let values = assemble(&entries, &host_dims(&model), &tensors, &|e| e.name.clone())
+    let values = assemble(&entries, &host_dims(&model, &model.moe_blocks()), &tensors, &|e| e.name.clone())
         .map_err(|e| RuntimeError::file("--init-hf", dir, e))?;
-    Ok(replace(model, &values))
+    Ok(replaced(model, &values))
+}
+
+/// `model` with its parameters and router biases replaced by `values`.
+fn replaced<M: StageModel>(model: M, values: &std::collections::HashMap<Target, Vec<f32>>) -> M {
+    let mut model = replace(model, values);
+    replace_router_biases(model.moe_blocks_mut(), values);
+    model
 }
 
 /// Loads this rank's part of the model and its optimizer state from `resume` (the model's layers laid
 /// out as `placements` say). Reads only the tensors it needs; each is checked against the manifest.
-pub fn restore(
-    model: CausalLm,
+pub fn restore<M: StageModel>(
+    model: M,
     optim: &mut AdamW,
     share: &Share,
     placements: &[ExpertPlacement],
     resume: &Resume,
-) -> Result<CausalLm> {
+) -> Result<M> {
     let refuse = |why: &dyn std::fmt::Display| RuntimeError::file("--resume", &resume.folder, why);
     check_optimizer(optim, resume)?;
     let entries = used_entries(&model, share, placements);
@@ -80,7 +87,7 @@ pub fn restore(
     if let Some(name) = missing.iter().find(|n| !n.ends_with(EXP_AVG) && !n.ends_with(EXP_AVG_SQ)) {
         return Err(refuse(&format!("the checkpoint has no tensor `{name}` (is a shard missing from its manifest?)")));
     }
-    let dims = host_dims(&model);
+    let dims = host_dims(&model, &model.moe_blocks());
     let values = assemble(&entries, &dims, &tensors, &|e| e.name.clone()).map_err(|e| refuse(&e))?;
     // Moments: a parameter has them when every tensor it is made of has them.
     let params: Vec<&Entry> = entries.iter().filter(|e| matches!(e.target, Target::Param(_))).collect();
@@ -93,7 +100,7 @@ pub fn restore(
     let m = assemble(&with_moments, &dims, &tensors, &|e| format!("{}{EXP_AVG}", e.name)).map_err(|e| refuse(&e))?;
     let mut v =
         assemble(&with_moments, &dims, &tensors, &|e| format!("{}{EXP_AVG_SQ}", e.name)).map_err(|e| refuse(&e))?;
-    let device = model.norm.gamma.val().device();
+    let device = model.devices().into_iter().next().ok_or(RuntimeError::Internal("a model without a device"))?;
     optim.moments.clear();
     for (target, m) in m {
         if let (Target::Param(id), Some(v)) = (target, v.remove(&target)) {
@@ -101,7 +108,7 @@ pub fn restore(
         }
     }
     optim.steps = resume.manifest.optimizer.steps;
-    Ok(replace(model, &values))
+    Ok(replaced(model, &values))
 }
 
 /// The checkpoint's AdamW settings must be this run's (a resume continues the same optimizer).

@@ -21,9 +21,8 @@ use piper_planner::checkpoint::{Manifest, load_resume};
 use piper_planner::model::ModelSpec;
 
 use super::error::{Result, RuntimeError};
-use crate::hf::StateDictAdapter;
 use crate::hf::state_dict::Entry;
-use crate::model::CausalLm;
+use crate::model::StageModel;
 use crate::moe::dispatcher::ExpertPlacement;
 
 pub use load::{init_from_hf, restore, resumed_placements};
@@ -97,18 +96,8 @@ pub struct Share {
 
 impl Share {
     /// The state dict of this rank's part of `model` under `placements` (one per MoE layer of the model).
-    fn entries(&self, model: &CausalLm, placements: &[ExpertPlacement]) -> Vec<Entry> {
-        let moe_index: Vec<Option<usize>> = model
-            .layers
-            .iter()
-            .scan(self.first_moe, |next, l| {
-                Some(l.moe.as_ref().map(|_| {
-                    *next += 1;
-                    *next - 1
-                }))
-            })
-            .collect();
-        let experts_of = |i: usize| moe_index[i].map_or_else(Vec::new, |k| placements[k].experts_of(self.ep_rank));
-        StateDictAdapter::new(&self.spec).entries(model, self.first_layer, &experts_of)
+    fn entries<M: StageModel>(&self, model: &M, placements: &[ExpertPlacement]) -> Vec<Entry> {
+        let experts_of = |k: usize| placements[self.first_moe + k].experts_of(self.ep_rank);
+        model.state_entries(&self.spec, self.first_layer, &experts_of)
     }
 }

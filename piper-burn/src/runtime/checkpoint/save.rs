@@ -17,8 +17,8 @@ use piper_planner::checkpoint::{
 use piper_planner::run_plan::RunPlan;
 
 use super::Share;
-use crate::hf::state_dict::{Entry, HostValues, Target, host_values};
-use crate::model::CausalLm;
+use crate::hf::state_dict::{Entry, HostValues, Part, Target, host_values};
+use crate::model::StageModel;
 use crate::moe::dispatcher::ExpertPlacement;
 use crate::runtime::error::{Result, RuntimeError};
 use crate::runtime::fault;
@@ -41,9 +41,9 @@ pub struct RunState<'a> {
 /// Saves a checkpoint of the job after `state.step` steps under `dir`, keeping the newest `keep`.
 /// Collective over `world`: every rank writes its shard; rank 0 writes the manifest and commits. Every
 /// rank learns whether it succeeded. Returns the checkpoint folder.
-pub fn save(
+pub fn save<M: StageModel>(
     world: &dyn Communicator,
-    model: &CausalLm,
+    model: &M,
     optim: &AdamW,
     share: &Share,
     state: &RunState,
@@ -169,11 +169,11 @@ fn agree<T>(world: &dyn Communicator, mine: Result<T>, what: &str) -> Result<T> 
 
 /// Whether this rank writes `entry` (each tensor exists once in a checkpoint).
 fn owns(entry: &Entry, share: &Share) -> bool {
-    match (entry.layer, entry.expert) {
+    match (entry.part, entry.expert) {
         (_, Some(_)) => share.dp_rank == 0,
-        (Some(_), None) => share.data_rank == 0,
-        (None, None) if entry.name.starts_with("model.embed_tokens") => share.data_rank == 0 && share.stage == 0,
-        (None, None) => share.data_rank == 0 && share.is_last,
+        (Part::Layer(_), None) => share.data_rank == 0,
+        (Part::Embedding, None) => share.data_rank == 0 && share.stage == 0,
+        (Part::Head, None) => share.data_rank == 0 && share.is_last,
     }
 }
 
@@ -185,7 +185,7 @@ struct Owned {
 }
 
 impl Owned {
-    fn new(model: &CausalLm, optim: &AdamW, share: &Share, placements: &[ExpertPlacement]) -> Self {
+    fn new<M: StageModel>(model: &M, optim: &AdamW, share: &Share, placements: &[ExpertPlacement]) -> Self {
         let entries: Vec<Entry> = share.entries(model, placements).into_iter().filter(|e| owns(e, share)).collect();
         let mut moments = HashMap::new();
         for e in &entries {
@@ -196,7 +196,7 @@ impl Owned {
                 moments.insert(id, mv);
             }
         }
-        Owned { entries, host: host_values(model), moments }
+        Owned { entries, host: host_values(model, &model.moe_blocks()), moments }
     }
 
     /// The tensors to write, as views of the host copies (weights, then both moments where they exist).
