@@ -84,6 +84,7 @@ fn run(
         checkpoint,
         resume,
         init_hf,
+        schedule: None,
     };
     job.check(corpus.as_ref())?;
     let (spec, config, plan) = (&job.spec, &job.run, &job.plan);

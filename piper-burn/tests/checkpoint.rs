@@ -80,6 +80,7 @@ fn run_rank(
         checkpoint,
         resume: resume.cloned(),
         init_hf: None,
+        schedule: None,
     };
     runtime::execute(&job, &mut Grammar::new(32, 3, 9), |_| {}).map(|t| t.metrics).map_err(|e| e.to_string())
 }

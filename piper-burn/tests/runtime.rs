@@ -566,3 +566,43 @@ fn a_model_that_is_not_the_specs_is_refused_naming_the_field() {
     let trained = runtime::execute_model(&job, &same, &mut Grammar::new(32, 3, 9), |_| {}).unwrap();
     assert_eq!(trained.metrics.len(), 2);
 }
+
+/// The author's learning-rate schedule drives the optimizer: a constant schedule equals the run's
+/// schedule made constant (no warm-up, no decay) bit for bit and the metrics report its rate; another
+/// schedule changes the losses; a schedule that gives NaN stops the run naming the step.
+#[test]
+fn the_authors_schedule_sets_each_steps_learning_rate() {
+    struct Constant(f64);
+    impl runtime::LrSchedule for Constant {
+        fn learning_rate(&self, _step: usize) -> f64 {
+            self.0
+        }
+    }
+    struct NanAt(usize);
+    impl runtime::LrSchedule for NanAt {
+        fn learning_rate(&self, step: usize) -> f64 {
+            if step == self.0 { f64::NAN } else { 1e-2 }
+        }
+    }
+    let world = LocalComm::single();
+    let spec = preset("tiny").unwrap();
+    let train = |run: RunConfig, schedule: Option<std::sync::Arc<dyn runtime::LrSchedule>>| {
+        let mut job = Job::builder(spec.clone(), &world)
+            .run(run)
+            .platform(piper_planner::platform::preset("local").unwrap())
+            .peak_flops(1.0)
+            .build()
+            .unwrap();
+        job.schedule = schedule;
+        runtime::execute(&job, &mut Grammar::new(32, 3, 9), |_| {})
+    };
+    let flat = config().with_warmup_steps(0).with_min_lr_ratio(1.0).with_lr(3e-3);
+    let want = train(flat, None).unwrap().metrics;
+    let got = train(config(), Some(std::sync::Arc::new(Constant(3e-3)))).unwrap().metrics;
+    assert_eq!(losses(&got), losses(&want));
+    assert!(got.iter().all(|m| m.lr == 3e-3), "{:?}", got.iter().map(|m| m.lr).collect::<Vec<_>>());
+    let other = train(config(), Some(std::sync::Arc::new(Constant(3e-2)))).unwrap().metrics;
+    assert_ne!(losses(&other)[1..], losses(&want)[1..]);
+    let err = train(config(), Some(std::sync::Arc::new(NanAt(2)))).err().expect("refused").to_string();
+    assert!(err.contains("learning-rate schedule") && err.contains("step 3"), "{err}");
+}

@@ -2,6 +2,7 @@
 //! that cannot run before anything is allocated.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use burn::prelude::*;
 use piper_comm::{Communicator, Topology};
@@ -16,6 +17,7 @@ use super::plan::{check_fits_machine, check_plan};
 use super::profile::StepProfile;
 use super::reductions::check_token_reductions;
 use super::report::{RunSummary, StepMetrics};
+use super::schedule::LrSchedule;
 use crate::corpus::Corpus;
 use crate::model::{CausalLm, CausalLmConfig};
 use crate::moe::dispatcher::ExpertPlacement;
@@ -45,6 +47,8 @@ pub struct Job<'a> {
     pub resume: Option<Resume>,
     /// A Hugging Face model folder whose weights the run starts from.
     pub init_hf: Option<PathBuf>,
+    /// The learning rate of each step; `None`: the run configuration's warm-up and cosine decay.
+    pub schedule: Option<Arc<dyn LrSchedule>>,
 }
 
 /// What a run leaves: this rank's part of the model, the metrics of every step, each rank's peak RSS.
@@ -81,6 +85,20 @@ impl Job<'_> {
         let mut model = CausalLmConfig::from_spec(&self.spec)?;
         model.zero_router = self.run.zero_router;
         Ok(model)
+    }
+
+    /// The learning rate of step `step` (0-based): the job's schedule, else the run's. The error names
+    /// the step whose rate is not a finite number ≥ 0.
+    pub fn learning_rate(&self, step: usize) -> Result<f64> {
+        let lr = match &self.schedule {
+            Some(s) => s.learning_rate(step),
+            None => self.run.learning_rate(step),
+        };
+        if !(lr.is_finite() && lr >= 0.0) {
+            let why = format!("gives {lr} at step {}; a learning rate is a finite number ≥ 0", step + 1);
+            return Err(RuntimeError::invalid("the learning-rate schedule", why));
+        }
+        Ok(lr)
     }
 
     /// The load-balancing loss's weight: the run's, else the model's (`router_aux_loss_coef` of its

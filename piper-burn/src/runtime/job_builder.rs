@@ -18,6 +18,7 @@
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use burn::prelude::*;
 use piper_comm::{Communicator, Topology};
@@ -31,6 +32,7 @@ use super::error::Result;
 use super::job::Job;
 use super::peak::measure_peak_flops;
 use super::plan::{LayoutFlags, plan_auto, plan_from_flags};
+use super::schedule::LrSchedule;
 
 /// A job under construction; see the [module documentation](self).
 #[must_use = "a builder does nothing until `build()`"]
@@ -47,6 +49,7 @@ pub struct JobBuilder<'a> {
     checkpoint: CheckpointSettings,
     resume: Option<PathBuf>,
     init_hf: Option<PathBuf>,
+    schedule: Option<Arc<dyn LrSchedule>>,
 }
 
 impl<'a> Job<'a> {
@@ -65,6 +68,7 @@ impl<'a> Job<'a> {
             checkpoint: CheckpointSettings::default(),
             resume: None,
             init_hf: None,
+            schedule: None,
         }
     }
 }
@@ -130,6 +134,12 @@ impl<'a> JobBuilder<'a> {
         self
     }
 
+    /// The learning rate of each step (default: the run's warm-up and cosine decay).
+    pub fn schedule(mut self, schedule: impl LrSchedule + 'static) -> Self {
+        self.schedule = Some(Arc::new(schedule));
+        self
+    }
+
     /// The job, with what was left out filled in; the error names what does not fit.
     pub fn build(self) -> Result<Job<'a>> {
         self.run.validate()?;
@@ -166,6 +176,7 @@ impl<'a> JobBuilder<'a> {
             peak_flops,
             checkpoint: self.checkpoint,
             init_hf: self.init_hf,
+            schedule: self.schedule,
         })
     }
 }

@@ -12,7 +12,7 @@
 //!   spec) over [`setup`], [`step`] and
 //!   [`stage`] (one handler per instruction, full activation recompute in [`recompute`]), [`eval`] (the
 //!   held-out split, forward only), with [`grads`] (reduction and global-norm clipping),
-//!   [`optim`] (AdamW), [`migration`] and [`checkpoint`].
+//!   [`optim`] (AdamW) and its [`schedule`], [`migration`] and [`checkpoint`].
 //! - Around it: [`report`] (progress, metrics, summary), [`profile`], [`trace`] (timelines), [`preempt`] (save and stop on SIGTERM/SIGUSR1), [`fingerprint`] (ranks agree),
 //!   [`reductions`] (a device probe), [`threads`], [`host`], [`peak`], [`fault`] (fault injection for
 //!   the failure tests), [`error`].
@@ -40,6 +40,7 @@ mod recompute;
 pub mod reductions;
 pub mod report;
 pub mod run_file;
+pub mod schedule;
 mod setup;
 mod stage;
 mod step;
@@ -54,3 +55,4 @@ pub use job_builder::JobBuilder;
 pub use peak::measure_peak_flops;
 pub use plan::{LayoutFlags, check_plan, plan_auto, plan_from_flags};
 pub use report::{ReportOptions, Reporter, RunSummary, StepMetrics};
+pub use schedule::LrSchedule;

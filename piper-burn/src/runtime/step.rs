@@ -47,9 +47,10 @@ impl<M: StageModel> RankRun<'_, M> {
         if let Some(why) = corpus.fault() {
             return Err(RuntimeError::invalid("--data", why));
         }
+        let lr = job.learning_rate(step)?;
         let mut state = self.stage.begin_step(ids, self.micro_batches);
         for instr in &self.stream {
-            self.stage.run(*instr, &mut state, run.learning_rate(step))?;
+            self.stage.run(*instr, &mut state, lr)?;
         }
         let totals = self.all_reduce(job, &state)?;
         if !totals.loss.is_finite() {
@@ -63,7 +64,7 @@ impl<M: StageModel> RankRun<'_, M> {
                 block.router = block.router.clone().update_selection_bias(c, run.bias_update_rate);
             }
         }
-        let metrics = self.metrics(job, step, start.elapsed().as_secs_f64(), &totals, state.grad_norm);
+        let metrics = self.metrics(job, step, lr, start.elapsed().as_secs_f64(), &totals, state.grad_norm);
         Ok((metrics, totals.counts))
     }
 
@@ -86,7 +87,7 @@ impl<M: StageModel> RankRun<'_, M> {
         })
     }
 
-    fn metrics(&self, job: &Job, step: usize, dt: f64, totals: &StepTotals, grad_norm: f64) -> StepMetrics {
+    fn metrics(&self, job: &Job, step: usize, lr: f64, dt: f64, totals: &StepTotals, grad_norm: f64) -> StepMetrics {
         let tokens_per_step = (job.run.global_batch * job.run.seq_len) as f64;
         let flops_per_s = job.flops_per_token * tokens_per_step / dt;
         let ranks = job.world.size() as f64;
@@ -96,7 +97,7 @@ impl<M: StageModel> RankRun<'_, M> {
             step: step + 1,
             loss: totals.loss,
             total_loss: totals.loss + totals.router,
-            lr: job.run.learning_rate(step),
+            lr,
             grad_norm,
             tokens_per_s: tokens_per_step / dt,
             flops_per_s,
