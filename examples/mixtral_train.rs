@@ -13,7 +13,7 @@
 use clap::{CommandFactory, Parser, ValueEnum};
 use piper::comm::Topology;
 use piper::comm::launch::init_world;
-use piper::modules::runtime::cli::{ResolvedRun, RunArgs};
+use piper::modules::runtime::cli::{self, ResolvedRun, RunArgs};
 use piper::modules::runtime::report::describe_run;
 use piper::modules::runtime::run_file::{expand_config, run_file_beside, write_run_file};
 use piper::modules::runtime::threads::ThreadShare;
@@ -86,7 +86,7 @@ fn run(
         init_hf,
         schedule: None,
     };
-    job.check(corpus.as_ref())?;
+    job.check(corpus.as_ref()).map_err(cli::as_flags)?;
     let (spec, config, plan) = (&job.spec, &job.run, &job.plan);
     let steps_done = job.resume.as_ref().map_or(0, |r| r.manifest.step as usize);
     let mut reporter = Reporter::new(a.run.report_options(steps_done), world.rank(), config.steps)?;
@@ -113,7 +113,7 @@ fn run(
             None
         }
     };
-    let trained = runtime::execute(&job, corpus.as_mut(), |m| reporter.observe(m))?;
+    let trained = runtime::execute(&job, corpus.as_mut(), |m| reporter.observe(m)).map_err(cli::as_flags)?;
     reporter.finish()?;
     if let Some(recorder) = recorder
         && let Some(path) = recorder.finish(world, &runtime::trace::rank_name(plan, world.rank()))?

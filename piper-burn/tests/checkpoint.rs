@@ -295,7 +295,7 @@ fn bad_checkpoints_are_refused_naming_the_file() {
     let other = config(12).with_seed(6);
     let err =
         run_rank(&LocalComm::single(), "tiny", &plan("tiny", 1, 1, 1, 1, &other), &other, None, Some(&r)).unwrap_err();
-    assert!(err.contains("trained with --seed 5, this run has --seed 6"), "{err}");
+    assert!(err.contains("trained with `seed` 5, this run has `seed` 6"), "{err}");
     // Nothing to train.
     let r = open_resume(&folder(&dir, 2)).unwrap();
     let short = config(2);

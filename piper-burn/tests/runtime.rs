@@ -250,9 +250,10 @@ fn plans_that_do_not_fit_the_run_are_refused_naming_the_field() {
         LocalWorld::run(ranks, |c| train(&c, p, r, 2).expect_err("refused"))[0].clone()
     };
     assert!(refusal(&plan, &run, 4).contains("`gpus` is 2 but the job has 4 ranks"));
-    assert!(refusal(&plan, &run.clone().with_seq_len(31), 2).contains("`seq_len` is 15 but --seq-len is 31"));
+    assert!(refusal(&plan, &run.clone().with_seq_len(31), 2).contains("`seq_len` is 15 but the run's `seq_len` is 31"));
     assert!(
-        refusal(&plan, &run.clone().with_global_batch(16), 2).contains("`global_batch` is 8 but --batch-size is 16")
+        refusal(&plan, &run.clone().with_global_batch(16), 2)
+            .contains("`global_batch` is 8 but the run's `global_batch` is 16")
     );
     let mut other = plan.clone();
     other.model = "tiny-qwen3".into();
@@ -265,11 +266,11 @@ fn plans_that_do_not_fit_the_run_are_refused_naming_the_field() {
     assert!(refusal(&bf16, &run, 2).contains("trains in fp32"));
     // Layout flags that cannot work.
     let err = plan_for(&flags(1, 2, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), 4, &run).unwrap_err();
-    assert!(err.contains("--pp 1 × --ep 2 × --dp 1 = 2 ranks, but the job has 4"), "{err}");
+    assert!(err.starts_with("layout.pp 1 × `layout.ep` 2 × `layout.dp` 1 = 2 ranks, but the job has 4"), "{err}");
     let err = plan_for(&flags(1, 3, 1, 1, Schedule::OneFOneB, A2aAlgo::Flat), 3, &run).unwrap_err();
     assert!(err.contains("`--ep` EP = 3 must divide the 8 routed experts"), "{err}");
     let err = plan_for(&flags(2, 1, 1, 3, Schedule::OneFOneB, A2aAlgo::Flat), 2, &run).unwrap_err();
-    assert!(err.contains("--batch-size 8 must be divisible by EP·DP·micro-batches = 1·1·3"), "{err}");
+    assert!(err.contains("global_batch 8 must be divisible by EP·DP·micro-batches = 1·1·3"), "{err}");
     let err = plan_for(&LayoutFlags::single(), 1, &run.clone().with_steps(0)).unwrap_err();
     assert!(err.starts_with("steps is 0"), "the library names the field: {err}");
 }

@@ -208,6 +208,10 @@ impl RunArgs {
     /// length the flags leave out, and must agree with those given. One line, naming the flag, for the
     /// first thing that cannot work — before any model is built.
     pub fn resolve(&self, ranks: usize) -> Result<ResolvedRun> {
+        self.resolve_fields(ranks).map_err(as_flags)
+    }
+
+    fn resolve_fields(&self, ranks: usize) -> Result<ResolvedRun> {
         let file = match self.plan.as_deref() {
             Some("auto") | None => None,
             Some(path) => Some(RunPlan::load(path.as_ref()).map_err(|e| RuntimeError::from(e).under("--plan"))?),
@@ -294,7 +298,7 @@ impl RunArgs {
             }
             None => config,
         };
-        config.validate().map_err(flag_named)?;
+        config.validate().map_err(as_flags)?;
         Ok(config)
     }
 
@@ -361,12 +365,50 @@ fn hf_config(source: &str) -> Option<serde_json::Value> {
     (family != "piper").then_some(value)
 }
 
-/// A run-configuration error as the command line reports it: the field by its flag ([`FLAGS`]).
-fn flag_named(e: RuntimeError) -> RuntimeError {
+/// The job's fields beside the run configuration's ([`FLAGS`]) and the flags that set them.
+pub const JOB_FLAGS: [(&str, &str); 15] = [
+    ("seed", "--seed"),
+    ("hot_experts", "--hot-experts"),
+    ("layout.pp", "--pp"),
+    ("layout.ep", "--ep"),
+    ("layout.dp", "--dp"),
+    ("micro_batches", "--micro-batches"),
+    ("recompute", "--recompute"),
+    ("plan", "--plan"),
+    ("data", "--data"),
+    ("resume", "--resume"),
+    ("init_hf", "--init-hf"),
+    ("init_hf and resume", "--init-hf and --resume"),
+    ("checkpoint.dir", "--checkpoint-dir"),
+    ("checkpoint.save_every", "--save-every"),
+    ("checkpoint.keep", "--keep"),
+];
+
+/// The flag that sets a field, if one does.
+fn flag_of(field: &str) -> Option<&'static str> {
+    FLAGS.iter().chain(&JOB_FLAGS).find(|(name, _)| *name == field).map(|(_, flag)| *flag)
+}
+
+/// A message's `` `field` `` references as their flags.
+fn flags_in(text: String) -> String {
+    FLAGS.iter().chain(&JOB_FLAGS).fold(text, |t, (field, flag)| t.replace(&format!("`{field}`"), flag))
+}
+
+/// An error of the library as the command line reports it: each field it names by the flag that sets
+/// it ([`FLAGS`], [`JOB_FLAGS`]), in its subject and its message.
+pub fn as_flags(e: RuntimeError) -> RuntimeError {
     match e {
         RuntimeError::Invalid { field, why } => {
-            let flag = FLAGS.iter().find(|(name, _)| *name == field).map_or(field, |(_, flag)| flag.to_string());
-            RuntimeError::Invalid { field: flag, why }
+            RuntimeError::Invalid { field: flag_of(&field).map_or(field, str::to_string), why: flags_in(why) }
+        }
+        RuntimeError::File { flag, path, why } => {
+            RuntimeError::File { flag: flag_of(flag).unwrap_or(flag), path, why: flags_in(why) }
+        }
+        RuntimeError::Flag { flag, source } => {
+            RuntimeError::Flag { flag: flag_of(flag).unwrap_or(flag), source: Box::new(as_flags(*source)) }
+        }
+        RuntimeError::Checkpoint { step, source } => {
+            RuntimeError::Checkpoint { step, source: Box::new(as_flags(*source)) }
         }
         other => other,
     }
@@ -418,6 +460,24 @@ mod tests {
             let parsed = Args::parse_from(std::iter::once("train").chain(args.iter().copied()));
             let err = parsed.run.run_config(None).unwrap_err().to_string();
             assert!(err.starts_with(want), "{args:?}: {err}");
+        }
+    }
+
+    /// The job's other fields the same way: a layout, checkpoint settings, a resume, named as fields by
+    /// the library and as flags on the command line, in the error's subject and in its message.
+    #[test]
+    fn the_jobs_fields_are_named_by_their_flags_on_the_command_line() {
+        use crate::runtime::checkpoint::CheckpointSettings;
+        let keep = CheckpointSettings { keep: 0, ..CheckpointSettings::default() }.validate().unwrap_err();
+        assert!(keep.to_string().starts_with("checkpoint.keep is 0"), "{keep}");
+        assert!(as_flags(keep).to_string().starts_with("--keep is 0"));
+        let every = CheckpointSettings { save_every: 5, ..CheckpointSettings::default() }.validate().unwrap_err();
+        assert_eq!(as_flags(every).to_string(), "--save-every needs --checkpoint-dir DIR (where to save)");
+        let file = RuntimeError::file("resume", std::path::Path::new("ck"), "trained with `seed` 3");
+        assert_eq!(as_flags(file.under("init_hf")).to_string(), "--init-hf --resume ck: trained with --seed 3");
+        for (field, flag) in JOB_FLAGS {
+            let e = as_flags(RuntimeError::invalid(field, format!("see `{field}`")));
+            assert_eq!(e.to_string(), format!("{flag} see {flag}"));
         }
     }
 }

@@ -1,5 +1,7 @@
-//! The runtime's errors. Every message is one line a user can act on: it names the flag, the plan or
-//! checkpoint field, the file or the rank, and what would fix it. Binaries print it after `error: `.
+//! The runtime's errors. Every message is one line a user can act on: it names the job's field (a run
+//! configuration, layout or checkpoint field, `resume`, `init_hf`), the file or the rank, and what would
+//! fix it; the command line names its flags instead ([`cli::as_flags`](super::cli::as_flags)). Binaries
+//! print it after `error: `.
 
 use crate::corpus::DataError;
 use crate::hf::state_dict::StateDictError;
@@ -15,11 +17,11 @@ pub enum RuntimeError {
     /// mismatch: `field` names it, `why` says what is wrong and what would work.
     #[error("{field} {why}")]
     Invalid { field: String, why: String },
-    /// A file or folder a flag points at (`--metrics`, `--summary`, `--checkpoint-dir`, `--init-hf`,
-    /// `--resume`) that cannot be used.
+    /// A file or folder a field or flag points at (`checkpoint.dir`, `init_hf`, `resume`, `--metrics`,
+    /// `--summary`) that cannot be used.
     #[error("{flag} {path}: {why}")]
     File { flag: &'static str, path: String, why: String },
-    /// An error of what a flag named, prefixed by the flag (`--plan FILE`, `--resume DIR`, `--init-hf DIR`).
+    /// An error of what a field or flag named, prefixed by it (`plan FILE`, `resume DIR`, `init_hf DIR`).
     #[error("{flag} {source}")]
     Flag { flag: &'static str, source: Box<RuntimeError> },
     #[error(transparent)]
@@ -35,10 +37,10 @@ pub enum RuntimeError {
     #[error(transparent)]
     StateDict(#[from] StateDictError),
     /// The loss of a step is not a finite number.
-    #[error("step {step}: the loss is {loss}; lower --lr")]
+    #[error("step {step}: the loss is {loss}; lower the learning rate")]
     Diverged { step: usize, loss: f64 },
     /// The global gradient norm is not a finite number.
-    #[error("the gradient norm is {norm}; lower --lr")]
+    #[error("the gradient norm is {norm}; lower the learning rate")]
     GradientNorm { norm: f64 },
     /// Saving the checkpoint of `step` failed (every rank reports it).
     #[error("checkpoint at step {step}: {source}")]

@@ -123,7 +123,7 @@ impl Job<'_> {
         self.check_model_and_data(corpus)?;
         self.checkpoint.validate()?;
         if self.resume.is_some() && self.init_hf.is_some() {
-            return Err(RuntimeError::invalid("--init-hf and --resume", "both give the weights; pass one"));
+            return Err(RuntimeError::invalid("init_hf and resume", "both give the weights; give one"));
         }
         if let Some(r) = &self.resume {
             self.check_resume(r, model_json)?;
@@ -140,8 +140,8 @@ impl Job<'_> {
             (self.plan.global_batch / (layout.ep * layout.dp * self.plan.num_micro_batches).max(1)) as usize;
         sequences.checked_mul(self.run.seq_len).ok_or_else(|| {
             RuntimeError::invalid(
-                "--batch-size × --seq-len",
-                format!("overflows: {sequences} sequences of {}", self.run.seq_len),
+                "global_batch",
+                format!("× `seq_len` overflows: {sequences} sequences of {}", self.run.seq_len),
             )
         })
     }
@@ -166,7 +166,7 @@ impl Job<'_> {
         let experts = self.spec.num_experts();
         if self.run.hot_experts as u64 > experts {
             return Err(RuntimeError::invalid(
-                "--hot-experts",
+                "hot_experts",
                 format!("{}: the model has {experts} routed experts", self.run.hot_experts),
             ));
         }
@@ -181,20 +181,20 @@ impl Job<'_> {
 
     /// The checkpoint holds this model, was drawn with this seed, and has steps left to train.
     fn check_resume(&self, r: &Resume, config: &str) -> Result<()> {
-        r.manifest.check_model(&r.folder, &self.spec, config).map_err(|e| RuntimeError::from(e).under("--resume"))?;
+        r.manifest.check_model(&r.folder, &self.spec, config).map_err(|e| RuntimeError::from(e).under("resume"))?;
         if r.manifest.seed != self.run.seed {
             let why = format!(
-                "the checkpoint was trained with --seed {}, this run has --seed {} (the seed draws the data); pass --seed {}",
+                "the checkpoint was trained with `seed` {}, this run has `seed` {} (the seed draws the data); train with `seed` {}",
                 r.manifest.seed, self.run.seed, r.manifest.seed
             );
-            return Err(RuntimeError::file("--resume", &r.folder, why));
+            return Err(RuntimeError::file("resume", &r.folder, why));
         }
         if r.manifest.step as usize >= self.run.steps {
             let why = format!(
-                "the checkpoint is at step {}, and --steps {} is the run's total: nothing to train (raise --steps)",
+                "the checkpoint is at step {}, and `steps` {} is the run's total: nothing to train (raise `steps`)",
                 r.manifest.step, self.run.steps
             );
-            return Err(RuntimeError::file("--resume", &r.folder, why));
+            return Err(RuntimeError::file("resume", &r.folder, why));
         }
         Ok(())
     }

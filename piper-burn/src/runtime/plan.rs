@@ -83,17 +83,17 @@ pub fn plan_from_flags(
 ) -> Result<RunPlan> {
     run.validate()?;
     let l = flags.layout;
-    for (flag, v) in [("--pp", l.pp), ("--ep", l.ep), ("--dp", l.dp)] {
+    for (field, v) in [("layout.pp", l.pp), ("layout.ep", l.ep), ("layout.dp", l.dp)] {
         if v == 0 {
-            return Err(RuntimeError::invalid(flag, "must be ≥ 1"));
+            return Err(RuntimeError::invalid(field, "must be ≥ 1"));
         }
     }
     let product = l.pp.checked_mul(l.ep).and_then(|x| x.checked_mul(l.dp));
     if product != Some(ranks as u64) {
         return Err(RuntimeError::invalid(
-            "--pp",
+            "layout.pp",
             format!(
-                "{} × --ep {} × --dp {} = {} ranks, but the job has {ranks}; launch with mpirun -np {}",
+                "{} × `layout.ep` {} × `layout.dp` {} = {} ranks, but the job has {ranks}; launch with mpirun -np {}",
                 l.pp,
                 l.ep,
                 l.dp,
@@ -104,7 +104,7 @@ pub fn plan_from_flags(
     }
     if !(1..=MAX_MICRO_BATCHES).contains(&flags.micro_batches) {
         return Err(RuntimeError::invalid(
-            "--micro-batches",
+            "micro_batches",
             format!("is {}; it must be in 1..={MAX_MICRO_BATCHES}", flags.micro_batches),
         ));
     }
@@ -112,7 +112,7 @@ pub fn plan_from_flags(
     let per_step = (l.ep * l.dp) as usize * flags.micro_batches;
     if !run.global_batch.is_multiple_of(per_step) {
         return Err(RuntimeError::invalid(
-            "--batch-size",
+            "global_batch",
             format!(
                 "{} must be divisible by EP·DP·micro-batches = {}·{}·{} = {per_step} (each rank's micro-batches are equal)",
                 run.global_batch, l.ep, l.dp, flags.micro_batches
@@ -128,7 +128,7 @@ pub fn plan_from_flags(
         flags.recompute,
     );
     if let Some((_, why)) = runtime_refusal("fp32", flags.recompute) {
-        return Err(RuntimeError::invalid("--recompute", why));
+        return Err(RuntimeError::invalid("recompute", why));
     }
     let candidate = price(spec, platform, &l, &cfg, flags.all_to_all, &split)?;
     Ok(RunPlan::from_candidate(spec, &platform.name, run.seq_len as u64, "fp32", &candidate))
@@ -153,8 +153,8 @@ pub fn plan_auto(spec: &ModelSpec, platform: &Platform, run: &RunConfig, ranks: 
         report.plans.into_iter().find(|c| c.num_micro_batches as usize <= MAX_MICRO_BATCHES).ok_or_else(|| {
             let reasons: Vec<String> = report.rejected.iter().map(|r| r.reason.clone()).collect();
             RuntimeError::invalid(
-                "--plan auto:",
-                format!("no executable layout for {ranks} ranks ({})", reasons.join("; ")),
+                "plan",
+                format!("auto: no executable layout for {ranks} ranks ({})", reasons.join("; ")),
             )
         })?;
     Ok(RunPlan::from_candidate(spec, &platform.name, run.seq_len as u64, "fp32", &best))
@@ -170,7 +170,7 @@ pub fn check_plan(plan: &RunPlan, spec: &ModelSpec, run: &RunConfig, ranks: usiz
         return Err(RuntimeError::invalid(
             "plan: `model`",
             format!(
-                "is `{}` but the run trains `{}`; pass --preset {} or re-plan for this model",
+                "is `{}` but the run trains `{}`; train `{}` or re-plan for this model",
                 plan.model, spec.name, plan.model
             ),
         ));
@@ -190,13 +190,13 @@ pub fn check_plan(plan: &RunPlan, spec: &ModelSpec, run: &RunConfig, ranks: usiz
     if plan.seq_len != run.seq_len as u64 {
         return Err(RuntimeError::invalid(
             "plan: `seq_len`",
-            format!("is {} but --seq-len is {}", plan.seq_len, run.seq_len),
+            format!("is {} but the run's `seq_len` is {}", plan.seq_len, run.seq_len),
         ));
     }
     if plan.global_batch != run.global_batch as u64 {
         return Err(RuntimeError::invalid(
             "plan: `global_batch`",
-            format!("is {} but --batch-size is {}", plan.global_batch, run.global_batch),
+            format!("is {} but the run's `global_batch` is {}", plan.global_batch, run.global_batch),
         ));
     }
     if plan.gpus != ranks as u64 {
@@ -228,9 +228,9 @@ pub fn check_fits_machine(plan: &RunPlan, ranks_on_node: usize) -> Result<()> {
     if need > total_bytes {
         let gib = |b: f64| b / (1u64 << 30) as f64;
         return Err(RuntimeError::invalid(
-            "--seq-len",
+            "seq_len",
             format!(
-                "{} / --batch-size {}: the plan predicts {:.1} GiB per rank × {ranks_on_node} ranks on this node = {:.1} GiB, more than this machine's {:.1} GiB; use a shorter --seq-len, a smaller --batch-size or more micro-batches",
+                "{} / `global_batch` {}: the plan predicts {:.1} GiB per rank × {ranks_on_node} ranks on this node = {:.1} GiB, more than this machine's {:.1} GiB; use a shorter `seq_len`, a smaller `global_batch` or more micro-batches",
                 plan.seq_len,
                 plan.global_batch,
                 gib(per_rank),

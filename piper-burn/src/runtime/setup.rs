@@ -138,7 +138,7 @@ impl<'a, M: StageModel> RankRun<'a, M> {
         let started = Instant::now();
         let model = self.stage.model.clone();
         self.stage.model = restore(model, &mut self.stage.optim, &self.share, &self.placements, r)?;
-        corpus.restore_position(&r.manifest.data).map_err(|e| RuntimeError::file("--resume", &r.folder, e))?;
+        corpus.restore_position(&r.manifest.data).map_err(|e| RuntimeError::file("resume", &r.folder, e))?;
         if let (Some(m), Some(w)) = (self.migrator.as_mut(), r.manifest.migration_window.as_ref()) {
             m.restore_window(w.steps as usize, &w.counts, &w.evidence)?;
         }

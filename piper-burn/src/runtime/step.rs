@@ -45,7 +45,7 @@ impl<M: StageModel> RankRun<'_, M> {
         let shape = &self.stage.shape;
         let ids = corpus.batch_rows(run.global_batch, run.seq_len + 1, &|row| shape.needs_row(row));
         if let Some(why) = corpus.fault() {
-            return Err(RuntimeError::invalid("--data", why));
+            return Err(RuntimeError::invalid("data", why));
         }
         let lr = job.learning_rate(step)?;
         let mut state = self.stage.begin_step(ids, self.micro_batches);

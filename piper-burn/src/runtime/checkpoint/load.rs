@@ -29,7 +29,7 @@ pub fn resumed_placements(resume: &Resume, fresh: &[ExpertPlacement], ep: usize)
             ExpertPlacement::from_parts(v(&p.rank_of), v(&p.slot_of), ep)
         })
         .collect::<std::result::Result<_, _>>()
-        .map_err(|e| RuntimeError::file("--resume", &resume.folder, e))
+        .map_err(|e| RuntimeError::file("resume", &resume.folder, e))
 }
 
 /// The entries this rank's part of the model uses: its stage's layers with its experts, the embedding on
@@ -52,13 +52,13 @@ fn used_entries<M: StageModel>(model: &M, share: &Share, placements: &[ExpertPla
 pub fn init_from_hf<M: StageModel>(model: M, share: &Share, placements: &[ExpertPlacement], dir: &Path) -> Result<M> {
     let entries = used_entries(&model, share, placements);
     let names: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
-    let (tensors, missing) = read_hf_tensors(dir, &names).map_err(|e| RuntimeError::from(e).under("--init-hf"))?;
+    let (tensors, missing) = read_hf_tensors(dir, &names).map_err(|e| RuntimeError::from(e).under("init_hf"))?;
     if let Some(name) = missing.first() {
         let why = format!("the checkpoint has no tensor `{name}` ({} missing)", missing.len());
-        return Err(RuntimeError::file("--init-hf", dir, why));
+        return Err(RuntimeError::file("init_hf", dir, why));
     }
     let values = assemble(&entries, &host_dims(&model, &model.moe_blocks()), &tensors, &|e| e.name.clone())
-        .map_err(|e| RuntimeError::file("--init-hf", dir, e))?;
+        .map_err(|e| RuntimeError::file("init_hf", dir, e))?;
     Ok(replaced(model, &values))
 }
 
@@ -78,7 +78,7 @@ pub fn restore<M: StageModel>(
     placements: &[ExpertPlacement],
     resume: &Resume,
 ) -> Result<M> {
-    let refuse = |why: &dyn std::fmt::Display| RuntimeError::file("--resume", &resume.folder, why);
+    let refuse = |why: &dyn std::fmt::Display| RuntimeError::file("resume", &resume.folder, why);
     check_optimizer(optim, resume)?;
     let entries = used_entries(&model, share, placements);
     let mut names: Vec<String> = entries.iter().map(|e| e.name.clone()).collect();
@@ -119,7 +119,7 @@ fn check_optimizer(optim: &AdamW, resume: &Resume) -> Result<()> {
             "the checkpoint's AdamW (β {}, {}, ε {}, weight decay {}) differs from this run's",
             o.beta_1, o.beta_2, o.epsilon, o.weight_decay
         );
-        return Err(RuntimeError::file("--resume", &resume.folder, why));
+        return Err(RuntimeError::file("resume", &resume.folder, why));
     }
     Ok(())
 }

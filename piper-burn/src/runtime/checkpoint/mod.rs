@@ -53,10 +53,13 @@ impl Default for CheckpointSettings {
 impl CheckpointSettings {
     pub fn validate(&self) -> Result<()> {
         if self.dir.is_none() && self.save_every > 0 {
-            return Err(RuntimeError::invalid("--save-every", "needs --checkpoint-dir DIR (where to save)"));
+            return Err(RuntimeError::invalid("checkpoint.save_every", "needs `checkpoint.dir` DIR (where to save)"));
         }
         if self.keep == 0 {
-            return Err(RuntimeError::invalid("--keep", "is 0; it must be ≥ 1 (the newest checkpoint is always kept)"));
+            return Err(RuntimeError::invalid(
+                "checkpoint.keep",
+                "is 0; it must be ≥ 1 (the newest checkpoint is always kept)",
+            ));
         }
         Ok(())
     }
@@ -77,7 +80,7 @@ pub struct Resume {
 /// Opens what `--resume PATH` means (a checkpoint folder, or the latest under a checkpoint dir); the
 /// error names the file and never falls back to another checkpoint silently.
 pub fn open_resume(path: &Path) -> Result<Resume> {
-    let (folder, manifest) = load_resume(path).map_err(|e| RuntimeError::from(e).under("--resume"))?;
+    let (folder, manifest) = load_resume(path).map_err(|e| RuntimeError::from(e).under("resume"))?;
     Ok(Resume { folder, manifest })
 }
 

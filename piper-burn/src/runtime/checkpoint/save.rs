@@ -89,7 +89,7 @@ fn prepare(dir: &Path, scratch: &Path) -> Result<()> {
             let _ = std::fs::remove_dir_all(scratch);
             std::fs::create_dir(scratch)
         })
-        .map_err(|e| RuntimeError::file("--checkpoint-dir", dir, e))
+        .map_err(|e| RuntimeError::file("checkpoint.dir", dir, e))
 }
 
 /// Every rank's shard entry (or its error), on every rank.
@@ -122,7 +122,7 @@ fn write_manifest(scratch: &Path, optim: &AdamW, share: &Share, state: &RunState
     };
     let text = serde_json::to_vec_pretty(&manifest).map_err(RuntimeError::json("checkpoint manifest"))?;
     let path = scratch.join("manifest.json");
-    piper_planner::atomic::write_atomic(&path, &text).map_err(|e| RuntimeError::file("--checkpoint-dir", &path, e))
+    piper_planner::atomic::write_atomic(&path, &text).map_err(|e| RuntimeError::file("checkpoint.dir", &path, e))
 }
 
 fn manifest(optim: &AdamW, share: &Share, state: &RunState, files: Vec<ShardFile>) -> Manifest {
