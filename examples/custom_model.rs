@@ -11,11 +11,15 @@
 //!
 //! Legend: b = sequences, s = sequence length, d = model width, v = vocabulary.
 
-use burn::nn::attention::{MhaInput, MultiHeadAttention, MultiHeadAttentionConfig, generate_autoregressive_mask};
-use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::{Embedding, EmbeddingConfig, Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig};
-use burn::prelude::*;
+// Burn's derives name `burn::…`: a crate without its own `burn` dependency brings Piper's into scope.
 use clap::Parser;
+use piper::burn;
+use piper::burn::nn::attention::{
+    MhaInput, MultiHeadAttention, MultiHeadAttentionConfig, generate_autoregressive_mask,
+};
+use piper::burn::nn::loss::CrossEntropyLossConfig;
+use piper::burn::nn::{Embedding, EmbeddingConfig, Initializer, LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use piper::burn::prelude::*;
 use piper::comm::launch::init_world;
 use piper::modules::corpus::Grammar;
 use piper::modules::layers::init::draw_now;
@@ -24,7 +28,7 @@ use piper::modules::{MoeBlock, MoeBlockConfig, MoeStats, StageModel, StageModelC
 use piper::planner::layout::Layout;
 use piper::planner::model::ModelSpec;
 use piper::runtime::checkpoint::CheckpointSettings;
-use piper::runtime::{self, Job, LayoutFlags, RunConfig};
+use piper::runtime::{self, Job, LayoutFlags, RunConfig, RunSummary};
 
 #[derive(Config, Debug)]
 pub struct SandwichConfig {
@@ -125,6 +129,14 @@ impl StageModelConfig for SandwichConfig {
     }
 }
 
+impl Sandwich {
+    /// Last stage: `x_bsd` `[b, s, d]` → logits `[b, s, v]`.
+    fn logits(&self, x_bsd: Tensor<3>) -> Tensor<3> {
+        let (norm, head) = self.norm.as_ref().zip(self.head.as_ref()).expect("the last stage holds the head");
+        head.forward(norm.forward(x_bsd))
+    }
+}
+
 impl StageModel for Sandwich {
     const EMBEDDING_FIELDS: &'static [&'static str] = &["embed", "embed_norm"];
 
@@ -149,11 +161,20 @@ impl StageModel for Sandwich {
     }
 
     fn head_loss(&self, x_bsd: Tensor<3>, targets_bs: Tensor<2, Int>) -> Tensor<1> {
-        let (norm, head) = self.norm.as_ref().zip(self.head.as_ref()).expect("the last stage holds the head");
-        let logits_bsv = head.forward(norm.forward(x_bsd));
+        let logits_bsv = self.logits(x_bsd);
         let [b, s, v] = logits_bsv.dims();
         let loss = CrossEntropyLossConfig::new().init(&logits_bsv.device());
         loss.forward(logits_bsv.reshape([b * s, v]), targets_bs.reshape([b * s]))
+    }
+
+    /// Held out, beside the loss: the share of next tokens the model ranks first.
+    const EVAL_METRICS: &'static [&'static str] = &["accuracy"];
+
+    fn eval_metrics(&self, x_bsd: Tensor<3>, targets_bs: Tensor<2, Int>) -> Vec<(f64, f64)> {
+        let [b, s] = targets_bs.dims();
+        let predicted_bs1 = self.logits(x_bsd).argmax(2);
+        let right = predicted_bs1.equal(targets_bs.unsqueeze_dim::<3>(2)).int().sum().into_scalar::<i64>() as f64;
+        vec![(right, (b * s) as f64)]
     }
 
     fn moe_blocks(&self) -> Vec<&MoeBlock> {
@@ -187,6 +208,12 @@ struct Args {
     /// One JSON line per step (rank 0).
     #[arg(long)]
     metrics: Option<std::path::PathBuf>,
+    /// Held-out loss and accuracy every N steps (0: never).
+    #[arg(long, default_value_t = 0)]
+    eval_every: usize,
+    /// The run's summary (JSON, rank 0), read back once written.
+    #[arg(long)]
+    summary: Option<std::path::PathBuf>,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -194,6 +221,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let world = init_world()?;
     let config = SandwichConfig::new();
     let run = RunConfig::new().with_steps(args.steps).with_global_batch(8).with_seq_len(31).with_lr(3e-3);
+    let run = run.with_eval_every(args.eval_every).with_eval_tokens(256);
     let layout = LayoutFlags {
         layout: Layout { pp: args.pp, ep: args.ep, dp: 1 },
         micro_batches: args.micro_batches,
@@ -212,14 +240,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         lines.push(serde_json::to_string(m).expect("metrics serialize"));
         if job.world.rank() == 0 {
             println!("step {:>3}  loss {:.5}", m.step, m.loss);
+            if let (Some(loss), Some(accuracy)) = (m.eval_loss, m.eval_metrics.get("accuracy")) {
+                println!("step {:>3}  held-out loss {loss:.5}  accuracy {accuracy:.4}", m.step);
+            }
         }
     })?;
     if let (Some(path), 0) = (&args.metrics, job.world.rank()) {
         std::fs::write(path, lines.join("\n") + "\n")?;
     }
     let summary = trained.summary(&job.plan, job.flops_per_token);
-    if job.world.rank() == 0 {
-        println!("final loss {:.4} ({} layers on this rank)", summary.final_loss, trained.model.num_layers());
+    if job.world.rank() != 0 {
+        return Ok(());
+    }
+    println!("final loss {:.4} ({} layers on this rank)", summary.final_loss, trained.model.num_layers());
+    if let Some(path) = &args.summary {
+        summary.write(path)?;
+        let back = RunSummary::read(path)?;
+        println!(
+            "summary read back: {} steps, final loss {:.5}, held-out {:?}",
+            back.steps, back.final_loss, back.eval_metrics
+        );
     }
     Ok(())
 }

@@ -398,40 +398,62 @@ fn ranks_share_the_cores_as_mpi_counts_them() {
     assert_eq!(line, want, "{out}");
 }
 
-/// An author's own model (`examples/custom_model.rs`: Burn's attention, LayerNorm, its own head and loss
-/// — a model the library does not define) on the runtime: as PP=2 × EP=2 under mpirun it gives the
-/// one-process losses (same micro-batch count) within 1e-6 relative; resumed on one process from its
-/// checkpoint of step 3 it continues bit for bit; the same checkpoint resumed as PP=2 × EP=2 continues
-/// within 1e-6.
+/// An author's own crate outside the workspace (`tests/author-crate`, which builds
+/// `examples/custom_model.rs`: Burn's attention, LayerNorm, its own head, loss and held-out accuracy — a
+/// model the library does not define — against the `piper` crate alone) on the runtime: as PP=2 × EP=2
+/// under mpirun it gives the one-process losses and held-out metrics (same micro-batch count) within 1e-6
+/// relative; resumed on one process from its checkpoint of step 3 it continues bit for bit; the same
+/// checkpoint resumed as PP=2 × EP=2 continues within 1e-6; it reads its summary back.
 #[test]
 #[cfg_attr(
     not(feature = "mpi"),
     ignore = "needs MPI: run scripts/test-mpi.sh (installs OpenMPI, builds with --features mpi)"
 )]
-fn an_authors_own_model_trains_as_pp2_ep2_like_one_process_and_resumes() {
-    let dir = common::scratch("custom-model");
-    let bin = binary("examples", "custom_model");
+fn an_authors_own_crate_trains_as_pp2_ep2_like_one_process_and_resumes() {
+    let dir = common::scratch("author-crate");
+    let bin = binary("", "author_model");
     let checkpoints = dir.join("checkpoints");
     let step3 = checkpoints.join(piper::planner::checkpoint::folder_name(3));
-    let base = ["--steps", "6", "--micro-batches", "2"];
+    let base = ["--steps", "6", "--micro-batches", "2", "--eval-every", "3"];
     let train = |mut cmd: Command, name: &str, extra: &[&str]| {
         let path = dir.join(format!("{name}.jsonl"));
-        cmd.args(base).args(extra).args(["--metrics", path.to_str().unwrap()]);
+        let summary = dir.join(format!("{name}.summary.json"));
+        cmd.args(base).args(extra).args(["--metrics", path.to_str().unwrap(), "--summary", summary.to_str().unwrap()]);
         let (ok, out) = run(cmd, Duration::from_secs(300));
         assert!(ok, "{name} failed:\n{out}");
-        losses(&path)
+        let metrics = read_metrics(&path);
+        let last_eval = metrics.iter().rev().find(|m| m.eval_loss.is_some()).expect("an evaluation");
+        let tail = &metrics[metrics.len().saturating_sub(10)..];
+        let final_loss = tail.iter().map(|m| m.loss).sum::<f64>() / tail.len() as f64;
+        let read_back = format!(
+            "summary read back: {} steps, final loss {final_loss:.5}, held-out {:?}",
+            metrics.len(),
+            last_eval.eval_metrics
+        );
+        assert!(out.contains(&read_back), "{name}: no `{read_back}` in\n{out}");
+        let held_out: Vec<f64> =
+            metrics.iter().filter_map(|m| m.eval_loss.map(|l| [l, m.eval_metrics["accuracy"]])).flatten().collect();
+        (metrics.iter().map(|m| m.loss).collect::<Vec<_>>(), held_out)
     };
     let ck = ["--checkpoint-dir", checkpoints.to_str().unwrap(), "--save-every", "3"];
-    let whole = train(Command::new(&bin), "one-process", &ck);
+    let (whole, whole_eval) = train(Command::new(&bin), "one-process", &ck);
+    assert_eq!(whole_eval.len(), 4, "held-out loss and accuracy after steps 3 and 6");
     let pp2ep2 = ["--pp", "2", "--ep", "2"];
-    let four = train(common::mpirun(4, &[], &bin), "pp2ep2", &pp2ep2);
-    let worst = assert_close("custom model, PP2×EP2 vs one process", &four, &whole, 1e-6);
-    println!("custom model PP2×EP2: worst relative difference {worst:.2e}");
+    let (four, four_eval) = train(common::mpirun(4, &[], &bin), "pp2ep2", &pp2ep2);
+    let worst = assert_close("author's model, PP2×EP2 vs one process", &four, &whole, 1e-6);
+    assert_close("author's held-out loss and accuracy, PP2×EP2", &four_eval, &whole_eval, 1e-6);
+    println!("author's model PP2×EP2: worst relative difference {worst:.2e}");
 
     let resume = ["--resume", step3.to_str().unwrap()];
-    let resumed = train(Command::new(&bin), "resumed", &resume);
+    let (resumed, _) = train(Command::new(&bin), "resumed", &resume);
     assert_eq!(resumed, whole[3..], "a resumed run continues bit for bit");
-    let resharded = train(common::mpirun(4, &[], &bin), "resumed-pp2ep2", &[&pp2ep2[..], &resume[..]].concat());
-    let worst = assert_close("custom model resumed as PP2×EP2", &resharded, &whole[3..], 1e-6);
-    println!("custom model resumed as PP2×EP2: worst relative difference {worst:.2e}");
+    let (resharded, _) = train(common::mpirun(4, &[], &bin), "resumed-pp2ep2", &[&pp2ep2[..], &resume[..]].concat());
+    let worst = assert_close("author's model resumed as PP2×EP2", &resharded, &whole[3..], 1e-6);
+    println!("author's model resumed as PP2×EP2: worst relative difference {worst:.2e}");
+}
+
+/// Every line of a metrics file (`--metrics`).
+fn read_metrics(path: &std::path::Path) -> Vec<piper::runtime::StepMetrics> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("metrics file {}: {e}", path.display()));
+    text.lines().map(|l| serde_json::from_str(l).expect("a metrics line")).collect()
 }

@@ -54,6 +54,21 @@ pub trait StageModel: Module + 'static {
     /// The stage's MoE blocks in layer order.
     fn moe_blocks(&self) -> Vec<&MoeBlock>;
 
+    /// The model's own held-out metrics (an evaluation hook), reported beside the held-out loss at every
+    /// evaluation ([`RunConfig::eval_every`](crate::runtime::RunConfig::eval_every)): each is the sum of
+    /// [`StageModel::eval_metrics`]'s values over the held-out split and the data-parallel replicas
+    /// divided by the sum of their counts. None by default.
+    const EVAL_METRICS: &'static [&'static str] = &[];
+
+    /// Last stage, at an evaluation: for each of [`StageModel::EVAL_METRICS`], in order, this held-out
+    /// micro-batch's (sum, count) — for a next-token accuracy, the tokens predicted right and the tokens.
+    /// # Shapes
+    /// - `x_bsd`: `[b, s, d]` (the stage's last layer's output), `targets_bs`: `[b, s]`
+    fn eval_metrics(&self, x_bsd: Tensor<3>, targets_bs: Tensor<2, Int>) -> Vec<(f64, f64)> {
+        let _ = (x_bsd, targets_bs);
+        Vec::new()
+    }
+
     /// The same blocks, to move experts and update router biases.
     fn moe_blocks_mut(&mut self) -> Vec<&mut MoeBlock>;
 

@@ -101,7 +101,9 @@ fn run_steps<M: StageModel>(
         metrics.migration = tracing::info_span!("migration", step).in_scope(|| rank.migrate(job, step, &counts))?;
         if job.run.eval_due(step) {
             let _span = tracing::info_span!("evaluate", step).entered();
-            metrics.eval_loss = Some(rank.evaluate(job, corpus.held_out())?);
+            let held_out = rank.evaluate(job, corpus.held_out())?;
+            metrics.eval_loss = Some(held_out.loss);
+            metrics.eval_metrics = held_out.metrics;
         }
         metrics.checkpoint =
             tracing::info_span!("checkpoint", step).in_scope(|| rank.save_if_due(job, corpus, step))?;

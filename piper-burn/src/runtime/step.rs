@@ -114,6 +114,7 @@ impl<M: StageModel> RankRun<'_, M> {
             migration: Vec::new(),
             checkpoint: None,
             eval_loss: None,
+            eval_metrics: Default::default(),
             stopped_by: (totals.stopping > 0.0)
                 .then(|| super::preempt::received().unwrap_or("a stop signal on another rank").to_string()),
         }

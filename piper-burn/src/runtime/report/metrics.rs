@@ -1,6 +1,7 @@
 //! One record per step — every rank gets the same numbers — with the expert migrations and the
 //! checkpoint the step ended with, and the JSON-lines file that keeps them (`--metrics FILE.jsonl`).
 
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -46,6 +47,9 @@ pub struct StepMetrics {
     /// evaluation was due (`--eval-every`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_loss: Option<f64>,
+    /// The model's own held-out metrics at that evaluation ([`StageModel::EVAL_METRICS`](crate::model::StageModel::EVAL_METRICS)).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub eval_metrics: BTreeMap<String, f64>,
     /// The run stopped after this step: a rank received this signal (SIGTERM, SIGUSR1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_by: Option<String>,

@@ -113,7 +113,8 @@ fn event_lines(m: &StepMetrics) -> Vec<String> {
         });
     }
     if let Some(loss) = m.eval_loss {
-        lines.push(format!("step {:>5}  held-out loss {loss:.4}  perplexity {:.2}", m.step, loss.exp()));
+        let own: String = m.eval_metrics.iter().map(|(name, v)| format!("  {} {v:.4}", name.escape_debug())).collect();
+        lines.push(format!("step {:>5}  held-out loss {loss:.4}  perplexity {:.2}{own}", m.step, loss.exp()));
     }
     for e in &m.migration {
         lines.push(format!(

@@ -1,6 +1,7 @@
 //! The run's opening description, its summary (`--summary FILE.json`, rank 0, written atomically) and
 //! the plan-versus-measured lines it ends with.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use piper_planner::atomic::write_atomic;
@@ -50,6 +51,9 @@ pub struct RunSummary {
     /// The last held-out loss (`--eval-every`), nats per token.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_loss: Option<f64>,
+    /// The model's own metrics at the last evaluation.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub eval_metrics: BTreeMap<String, f64>,
     pub platform: String,
     /// Rank 0's profile of the steady steps, with `--profile`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -110,6 +114,11 @@ impl RunSummary {
             final_loss: tail.iter().map(|m| m.loss).sum::<f64>() / tail.len().max(1) as f64,
             first_loss: metrics.first().map_or(f64::NAN, |m| m.loss),
             eval_loss: metrics.iter().rev().find_map(|m| m.eval_loss),
+            eval_metrics: metrics
+                .iter()
+                .rev()
+                .find(|m| m.eval_loss.is_some())
+                .map_or_else(Default::default, |m| m.eval_metrics.clone()),
             platform: plan.platform.clone(),
             profile: Vec::new(),
             steal_share: None,
@@ -167,6 +176,12 @@ impl RunSummary {
             ));
         }
         lines
+    }
+
+    /// Reads a summary [`RunSummary::write`] wrote.
+    pub fn read(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| RuntimeError::file("summary", path, e))?;
+        serde_json::from_str(&text).map_err(|e| RuntimeError::file("summary", path, e))
     }
 
     /// Writes the summary as JSON, atomically.
