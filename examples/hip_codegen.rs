@@ -50,13 +50,13 @@ fn run(args: &Args) -> Result<(), String> {
             co.vgpr_count,
             co.sgpr_count,
             co.spill_count,
-            co.lds_bytes as usize + k.dynamic_lds_bytes,
+            co.lds_bytes as usize + k.dynamic_shared_bytes,
             co.bytes.len()
         );
         rows.push(serde_json::json!({
             "kernel": k.name, "target": co.target, "vgpr": co.vgpr_count, "sgpr": co.sgpr_count,
-            "spills": co.spill_count, "lds_bytes": co.lds_bytes as usize + k.dynamic_lds_bytes,
-            "dynamic_lds_bytes": k.dynamic_lds_bytes, "scratch_bytes": co.scratch_bytes,
+            "spills": co.spill_count, "lds_bytes": co.lds_bytes as usize + k.dynamic_shared_bytes,
+            "dynamic_shared_bytes": k.dynamic_shared_bytes, "scratch_bytes": co.scratch_bytes,
             "code_object_bytes": co.bytes.len(),
         }));
     }

@@ -8,7 +8,8 @@
 //! GEMMs and SwiGLU run fused host code over the `gemm` crate ([`flex`]) and the rest Burn's own
 //! primitive ops; with the `wgpu` feature the Cube backend runs the CubeCL kernels of
 //! [`cube::kernels`]; with `hip-codegen` the same kernels are emitted as HIP C++ and compiled for AMD
-//! GPUs ([`hip`], [`hiprtc`]). Under `Autodiff` every op has a hand-written backward that calls the
+//! GPUs ([`hip`], [`hiprtc`]), and with `cuda-codegen` as CUDA C++ compiled to PTX and CUBIN for NVIDIA
+//! GPUs ([`cuda`], [`nvrtc`], [`cubin`]). Under `Autodiff` every op has a hand-written backward that calls the
 //! backend's backward op.
 //!
 //! Legend: t = tokens, k = experts per token, p = permuted rows (t · k), d = row width, e = experts,
@@ -16,8 +17,14 @@
 
 pub mod autodiff;
 pub mod backend;
+#[cfg(any(feature = "hip-codegen", feature = "cuda-codegen"))]
+pub mod codegen;
 #[cfg(feature = "kernels")]
 pub mod cube;
+#[cfg(feature = "cuda-codegen")]
+pub mod cubin;
+#[cfg(feature = "cuda-codegen")]
+pub mod cuda;
 pub mod flex;
 pub mod fused;
 pub mod fused_autodiff;
@@ -26,6 +33,8 @@ pub mod grouped;
 pub mod hip;
 #[cfg(feature = "hip-codegen")]
 pub mod hiprtc;
+#[cfg(feature = "cuda-codegen")]
+pub mod nvrtc;
 pub mod profile;
 pub mod reference;
 pub mod routed;

@@ -71,7 +71,7 @@ fn every_kernel_compiles_for_mi250x_without_spills() {
             "grouped_matmul" | "grouped_matmul_transposed" | "grouped_weight_grad" => 2,
             _ => 0,
         };
-        let lds = co.lds_bytes as usize + k.dynamic_lds_bytes;
+        let lds = co.lds_bytes as usize + k.dynamic_shared_bytes;
         assert!(lds >= staged * BLOCK * CHUNK * 4, "{}: {lds} bytes of LDS", k.name);
         assert!(lds <= 64 * 1024, "{}: {lds} bytes of LDS, more than an MI250X compute unit has", k.name);
         // The metadata reader against LLVM's own, where the tool is installed.
