@@ -22,7 +22,11 @@ pub(crate) mod tags {
     pub const GATHER_ROOT: u32 = INTERNAL_TAG_BASE + 3;
     pub const HALO_INTRA: u32 = INTERNAL_TAG_BASE + 10;
     pub const HALO_INTER: u32 = INTERNAL_TAG_BASE + 11;
-    pub const HALO_REDIST: u32 = INTERNAL_TAG_BASE + 12;
+    /// HALO phase III: a relay's packet of one remote node's blocks carries `HALO_REDIST + node`, so a
+    /// relay may forward the nodes in the order their data arrives.
+    pub const HALO_REDIST: u32 = INTERNAL_TAG_BASE + 64;
+    /// MPI guarantees tags up to 32767.
+    pub const MAX_TAG: u32 = 32767;
 }
 
 /// An outstanding nonblocking send or receive.
@@ -131,36 +135,50 @@ impl<C: Communicator + ?Sized> Communicator for Box<C> {
 /// Returns the data of each, in order. On timeout the incomplete ones are abandoned, the communicator is
 /// poisoned, and the error names the peers that never completed.
 pub fn wait_all<C: Communicator + ?Sized>(comm: &C, pending: Vec<Box<dyn Pending>>, op: &str) -> Result<Vec<Vec<u8>>> {
+    let mut out = vec![Vec::new(); pending.len()];
+    wait_groups(comm, pending.into_iter().map(|p| vec![p]).collect(), op, |i, mut data| {
+        out[i] = data.pop().expect("a group of one");
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Waits for groups of pending operations and hands each group's data (in the group's order) to
+/// `arrived` as soon as every operation of the group has completed: groups are handed over in the order
+/// they complete, not the order given, so whatever arrives first is used first. An empty group is handed
+/// over at once. Deadline and timeout error as [`wait_all`]'s.
+pub fn wait_groups<C: Communicator + ?Sized>(
+    comm: &C,
+    groups: Vec<Vec<Box<dyn Pending>>>,
+    op: &str,
+    mut arrived: impl FnMut(usize, Vec<Vec<u8>>) -> Result<()>,
+) -> Result<()> {
     let mut deadline = Instant::now() + comm.timeout();
-    let mut slots: Vec<Option<Box<dyn Pending>>> = pending.into_iter().map(Some).collect();
-    let mut done = vec![false; slots.len()];
-    let mut remaining = slots.len();
+    let mut slots: Vec<Vec<(bool, Box<dyn Pending>)>> =
+        groups.into_iter().map(|g| g.into_iter().map(|p| (false, p)).collect()).collect();
+    let mut left: Vec<usize> = slots.iter().map(Vec::len).collect();
+    let mut handed: Vec<bool> = vec![false; slots.len()];
     let mut idle = Idle::new();
-    while remaining > 0 {
+    loop {
         let mut progressed = false;
-        for (i, slot) in slots.iter_mut().enumerate() {
-            if !done[i] && slot.as_mut().expect("pending until done").test()? {
-                done[i] = true;
-                remaining -= 1;
-                progressed = true;
-            }
-        }
-        if remaining == 0 {
-            break;
-        }
-        if Instant::now() >= deadline {
-            let mut missing: Vec<usize> = Vec::new();
-            for (i, slot) in slots.into_iter().enumerate() {
-                let p = slot.expect("slots are kept");
-                if !done[i] {
-                    missing.push(comm.world_ranks()[p.peer()]);
-                    p.abandon();
+        for (g, group) in slots.iter_mut().enumerate() {
+            for (done, pending) in group.iter_mut().filter(|(done, _)| !*done) {
+                if pending.test()? {
+                    *done = true;
+                    left[g] -= 1;
+                    progressed = true;
                 }
             }
-            missing.sort_unstable();
-            missing.dedup();
-            comm.poison(op);
-            return Err(timeout_error(comm, op, missing));
+            if left[g] == 0 && !handed[g] {
+                handed[g] = true;
+                arrived(g, std::mem::take(group).into_iter().map(|(_, p)| p.into_data()).collect())?;
+            }
+        }
+        if handed.iter().all(|h| *h) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(abandon(comm, op, slots));
         }
         if progressed {
             idle = Idle::new();
@@ -169,7 +187,21 @@ pub fn wait_all<C: Communicator + ?Sized>(comm: &C, pending: Vec<Box<dyn Pending
             idle.pause();
         }
     }
-    Ok(slots.into_iter().map(|s| s.expect("all done").into_data()).collect())
+}
+
+/// Abandons the operations that have not completed, poisons the communicator and names their peers.
+fn abandon<C: Communicator + ?Sized>(comm: &C, op: &str, slots: Vec<Vec<(bool, Box<dyn Pending>)>>) -> CommError {
+    let mut missing: Vec<usize> = Vec::new();
+    for (done, p) in slots.into_iter().flatten() {
+        if !done {
+            missing.push(comm.world_ranks()[p.peer()]);
+            p.abandon();
+        }
+    }
+    missing.sort_unstable();
+    missing.dedup();
+    comm.poison(op);
+    timeout_error(comm, op, missing)
 }
 
 /// Longest timeout a collective may be given (a day): beyond it a hang is never noticed.

@@ -4,19 +4,34 @@
 //! work. Phase II sends, per remote node, one packed message with all of this rank's blocks for that
 //! node to its relay there — the member at the same position ("rail"), so each rank drives its own,
 //! affine NIC. Phase III: each relay splits what it received and redistributes it inside its node, one
-//! remote node at a time, as soon as that node's messages have arrived.
+//! remote node at a time, in the order the nodes' messages arrive (not a fixed order).
 //!
 //! The counts travel the same paths first (to local peers directly, to relays as one vector per remote
 //! node, then redistributed), so no rank needs the whole P × P count matrix. Zero-size blocks and
 //! messages are skipped on both sides; uneven nodes wrap positions onto the smaller node.
 
 use crate::collectives::{check_counts, displacements};
-use crate::communicator::{Communicator, Pending, tags, wait_all};
-use crate::error::Result;
+use crate::communicator::{Communicator, Pending, tags, wait_all, wait_groups};
+use crate::error::{CommError, Result};
 use crate::topology::GroupNodes;
 
-/// Phase II receives of one remote node: (source, its counts to each member here, the receive).
-type NodeReceives = Vec<(usize, Vec<usize>, Box<dyn Pending>)>;
+/// What a group of HALO's data receives brings.
+enum Arrival {
+    /// Phase I: a local peer's block.
+    Intra(usize),
+    /// Phase II: the blocks of one remote node's relayed sources (the node, then each source with its
+    /// counts to every member of this node).
+    Relayed(usize, Vec<(usize, Vec<usize>)>),
+    /// Phase III: one local relay's packet of these sources' blocks for this rank.
+    Redistributed(Vec<usize>),
+}
+
+/// Nodes one HALO group may span: each remote node's phase III packets have a tag of their own.
+pub const MAX_NODES: usize = (tags::MAX_TAG - tags::HALO_REDIST + 1) as usize;
+
+fn redistribution_tag(node: usize) -> u32 {
+    tags::HALO_REDIST + node as u32
+}
 
 fn u64s(bytes: &[u8]) -> Vec<usize> {
     bytes
@@ -50,6 +65,16 @@ pub fn halo_all_to_all_v<C: Communicator + ?Sized>(
     comm.check_usable()?;
     let n = comm.size();
     check_counts(op, send.len(), send_counts, n)?;
+    if layout.nodes.len() > MAX_NODES {
+        return Err(CommError::invalid(
+            op,
+            "topology",
+            format!(
+                "HALO spans at most {MAX_NODES} nodes, this group {}; use the flat or pairwise all-to-all",
+                layout.nodes.len()
+            ),
+        ));
+    }
     let me = comm.rank();
     let (my_node, _) = layout.place[me];
     let local: Vec<usize> = layout.nodes[my_node].iter().copied().filter(|p| *p != me).collect();
@@ -131,43 +156,45 @@ pub fn halo_all_to_all_v<C: Communicator + ?Sized>(
     let block = |d: usize| &send[sdispl[d]..sdispl[d] + send_counts[d]];
 
     // Phase I: intra-node, started first.
-    let mut phase_1: Vec<Box<dyn Pending>> = Vec::new();
-    let mut phase_1_from = Vec::new();
+    let mut arrivals: Vec<Arrival> = Vec::new();
+    let mut receives: Vec<Vec<Box<dyn Pending>>> = Vec::new();
     for &p in local.iter().filter(|p| recv_counts[**p] > 0) {
-        phase_1.push(comm.irecv(p, tags::HALO_INTRA, recv_counts[p])?);
-        phase_1_from.push(p);
+        receives.push(vec![comm.irecv(p, tags::HALO_INTRA, recv_counts[p])?]);
+        arrivals.push(Arrival::Intra(p));
     }
     let mut sends: Vec<Box<dyn Pending>> = Vec::new();
     for &p in local.iter().filter(|p| send_counts[**p] > 0) {
         sends.push(comm.isend(p, tags::HALO_INTRA, block(p).to_vec())?);
     }
-    // Phase III receives from local relays, one per (relay, remote node) in node order.
-    let mut phase_3: Vec<Box<dyn Pending>> = Vec::new();
-    let mut phase_3_sources: Vec<Vec<usize>> = Vec::new();
+    // Phase III receives from local relays, one per (relay, remote node).
     for &q in &local {
         for &m in &remote_nodes {
             let sources: Vec<usize> =
                 layout.nodes[m].iter().copied().filter(|s| layout.relay(*s, my_node) == q).collect();
             let len: usize = sources.iter().map(|s| recv_counts[*s]).sum();
             if len > 0 {
-                phase_3.push(comm.irecv(q, tags::HALO_REDIST, len)?);
-                phase_3_sources.push(sources);
+                receives.push(vec![comm.irecv(q, redistribution_tag(m), len)?]);
+                arrivals.push(Arrival::Redistributed(sources));
             }
         }
     }
-    // Phase II: receives from relayed sources; one packed send per remote node.
-    let mut phase_2: Vec<(usize, NodeReceives)> = Vec::new();
+    // Phase II: receives from relayed sources, one group per remote node; one packed send per remote node.
     for (node, sources) in &relayed {
-        let mut per_node = Vec::new();
+        let mut meta = Vec::new();
+        let mut group = Vec::new();
         for &s in sources {
             let counts =
                 relay_counts.iter().find(|(_, src, _)| *src == s).expect("counts of every relayed source").2.clone();
             let len: usize = counts.iter().sum();
             if len > 0 {
-                per_node.push((s, counts, comm.irecv(s, tags::HALO_INTER, len)?));
+                group.push(comm.irecv(s, tags::HALO_INTER, len)?);
+                meta.push((s, counts));
             }
         }
-        phase_2.push((*node, per_node));
+        if !group.is_empty() {
+            receives.push(group);
+            arrivals.push(Arrival::Relayed(*node, meta));
+        }
     }
     for &m in &remote_nodes {
         let packed: Vec<u8> = layout.nodes[m].iter().flat_map(|d| block(*d).iter().copied()).collect();
@@ -175,41 +202,38 @@ pub fn halo_all_to_all_v<C: Communicator + ?Sized>(
             sends.push(comm.isend(layout.relay(me, m), tags::HALO_INTER, packed)?);
         }
     }
-    // Phase III: as each remote node's messages arrive, split and redistribute them.
-    for (node, per_node) in phase_2 {
-        let mut meta: Vec<(usize, Vec<usize>)> = Vec::new();
-        let mut reqs: Vec<Box<dyn Pending>> = Vec::new();
-        for (s, c, r) in per_node {
-            meta.push((s, c));
-            reqs.push(r);
-        }
-        let arrived = wait_all(comm, reqs, &format!("{op} (HALO phase II from node {node})"))?;
-        for (pos, &d) in my_members.iter().enumerate() {
-            let mut packet = Vec::new();
-            for ((s, counts), data) in meta.iter().zip(&arrived) {
-                let start: usize = counts[..pos].iter().sum();
-                let piece = &data[start..start + counts[pos]];
-                if d == me {
-                    out[rdispl[*s]..rdispl[*s] + piece.len()].copy_from_slice(piece);
-                } else {
-                    packet.extend_from_slice(piece);
+    // Whatever arrives first is used first: a remote node's messages, once all here, are split and
+    // redistributed (phase III) while other nodes' are still in flight.
+    wait_groups(comm, receives, &format!("{op} (HALO data)"), |g, data| {
+        match &arrivals[g] {
+            Arrival::Intra(p) => out[rdispl[*p]..rdispl[*p] + data[0].len()].copy_from_slice(&data[0]),
+            Arrival::Redistributed(sources) => {
+                let mut at = 0;
+                for s in sources {
+                    out[rdispl[*s]..rdispl[*s] + recv_counts[*s]].copy_from_slice(&data[0][at..at + recv_counts[*s]]);
+                    at += recv_counts[*s];
                 }
             }
-            if d != me && !packet.is_empty() {
-                sends.push(comm.isend(d, tags::HALO_REDIST, packet)?);
+            Arrival::Relayed(node, meta) => {
+                for (pos, &d) in my_members.iter().enumerate() {
+                    let mut packet = Vec::new();
+                    for ((s, counts), data) in meta.iter().zip(&data) {
+                        let start: usize = counts[..pos].iter().sum();
+                        let piece = &data[start..start + counts[pos]];
+                        if d == me {
+                            out[rdispl[*s]..rdispl[*s] + piece.len()].copy_from_slice(piece);
+                        } else {
+                            packet.extend_from_slice(piece);
+                        }
+                    }
+                    if d != me && !packet.is_empty() {
+                        sends.push(comm.isend(d, redistribution_tag(*node), packet)?);
+                    }
+                }
             }
         }
-    }
-    for (p, data) in phase_1_from.iter().zip(wait_all(comm, phase_1, &format!("{op} (HALO phase I)"))?) {
-        out[rdispl[*p]..rdispl[*p] + data.len()].copy_from_slice(&data);
-    }
-    for (sources, data) in phase_3_sources.iter().zip(wait_all(comm, phase_3, &format!("{op} (HALO phase III)"))?) {
-        let mut at = 0;
-        for s in sources {
-            out[rdispl[*s]..rdispl[*s] + recv_counts[*s]].copy_from_slice(&data[at..at + recv_counts[*s]]);
-            at += recv_counts[*s];
-        }
-    }
+        Ok(())
+    })?;
     wait_all(comm, sends, &format!("{op} (HALO sends)"))?;
     Ok((out, recv_counts))
 }
