@@ -25,6 +25,18 @@ pub struct KernelSource {
     pub dynamic_shared_bytes: usize,
 }
 
+impl KernelSource {
+    /// Operand tiles of `BLOCK × CHUNK` f32 the kernel stages in shared memory: three for the gate + up
+    /// GEMM, two for the other tiled GEMMs, none for the rest.
+    pub fn staged_tiles(&self) -> usize {
+        match self.name {
+            "grouped_gate_up" => 3,
+            "grouped_matmul" | "grouped_matmul_transposed" | "grouped_weight_grad" => 2,
+            _ => 0,
+        }
+    }
+}
+
 fn tensor() -> TensorCompilationArg {
     TensorCompilationArg {
         meta: TensorMetaCompilationArg { len: (), rank: () },

@@ -9,7 +9,7 @@ use std::sync::{Mutex, OnceLock};
 
 use libloading::{Library, Symbol};
 
-type Program = *mut c_void;
+use crate::rtc::{Compile, Create, Destroy, Get, Program, Size, load_first};
 
 /// A compiled AMDGPU code object and the resource usage its metadata reports.
 #[derive(Debug, Clone)]
@@ -40,44 +40,32 @@ pub const LIBRARIES: [&str; 6] =
 /// HIP runtime while its threads live crashes the process); compiles are serialised.
 pub struct HipRtc {
     lib: &'static Library,
-    name: &'static str,
+    name: String,
 }
 
-static LIBRARY: OnceLock<Result<(&'static Library, &'static str), String>> = OnceLock::new();
+static LIBRARY: OnceLock<Result<(&'static Library, String), String>> = OnceLock::new();
 static COMPILING: Mutex<()> = Mutex::new(());
 
 impl HipRtc {
     /// Loads HIP RTC from the first of [`LIBRARIES`] that exports it; an error says what to install.
     pub fn load() -> Result<Self, String> {
         let loaded = LIBRARY.get_or_init(|| find(&LIBRARIES));
-        loaded.as_ref().map(|&(lib, name)| HipRtc { lib, name }).map_err(Clone::clone)
+        loaded.as_ref().map(|(lib, name)| HipRtc { lib, name: name.clone() }).map_err(Clone::clone)
     }
 
     /// Loads HIP RTC from the first of `names` that exports it (a library without it is passed over); the
     /// error names each one tried and why it was not used.
-    pub fn load_from(names: &[&'static str]) -> Result<Self, String> {
+    pub fn load_from(names: &[&str]) -> Result<Self, String> {
         find(names).map(|(lib, name)| HipRtc { lib, name })
     }
 
     /// The library HIP RTC was loaded from, e.g. `libhiprtc.so` or `libamdhip64.so`.
-    pub fn library(&self) -> &'static str {
-        self.name
+    pub fn library(&self) -> &str {
+        &self.name
     }
 
     /// Compiles one HIP C++ source for `arch` (e.g. `gfx90a`) with the options `cubecl-hip` uses.
     pub fn compile(&self, name: &str, source: &str, arch: &str) -> Result<CodeObject, String> {
-        type Create = unsafe extern "C" fn(
-            *mut Program,
-            *const c_char,
-            *const c_char,
-            c_int,
-            *const *const c_char,
-            *const *const c_char,
-        ) -> c_int;
-        type Compile = unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int;
-        type Size = unsafe extern "C" fn(Program, *mut usize) -> c_int;
-        type Get = unsafe extern "C" fn(Program, *mut c_char) -> c_int;
-        type Destroy = unsafe extern "C" fn(*mut Program) -> c_int;
         let sym = |s: &[u8]| -> Result<*const c_void, String> {
             // SAFETY: the symbol is only cast to its documented HIP RTC signature below.
             unsafe { self.lib.get::<*const c_void>(s).map(|f: Symbol<*const c_void>| *f) }
@@ -131,25 +119,15 @@ impl HipRtc {
     }
 }
 
-/// The first of `names` that loads and exports `hiprtcCreateProgram`, kept loaded for the process.
-fn find(names: &[&'static str]) -> Result<(&'static Library, &'static str), String> {
-    let mut tried = Vec::new();
-    for &name in names {
-        // SAFETY: loading a HIP library runs its initialisers, which do not touch devices.
-        match unsafe { Library::new(name) } {
-            Err(e) => tried.push(format!("{name}: {e}")),
-            // SAFETY: only looked up, not called.
-            Ok(lib) if unsafe { lib.get::<*const c_void>(b"hiprtcCreateProgram\0") }.is_err() => {
-                tried.push(format!("{name}: loads but has no hiprtcCreateProgram"));
-            }
-            Ok(lib) => return Ok((Box::leak(Box::new(lib)), name)),
-        }
-    }
-    Err(format!(
-        "HIP RTC not found (tried {}): install HIP (Debian/Ubuntu: `apt-get install libamdhip64-dev \
-         rocm-device-libs`, or ROCm, whose libhiprtc.so holds it since 6.0) to compile the kernels for AMD GPUs",
-        tried.join("; ")
-    ))
+/// The first of `names` that exports HIP RTC; the error names each one tried and what to install.
+fn find(names: &[&str]) -> Result<(&'static Library, String), String> {
+    load_first(names.iter().copied(), b"hiprtcCreateProgram\0").map_err(|tried| {
+        format!(
+            "HIP RTC not found (tried {}): install HIP (Debian/Ubuntu: `apt-get install libamdhip64-dev \
+             rocm-device-libs`, or ROCm, whose libhiprtc.so holds it since 6.0) to compile the kernels for AMD GPUs",
+            tried.join("; ")
+        )
+    })
 }
 
 impl CodeObject {

@@ -38,6 +38,8 @@ pub mod nvrtc;
 pub mod profile;
 pub mod reference;
 pub mod routed;
+#[cfg(any(feature = "hip-codegen", feature = "cuda-codegen"))]
+mod rtc;
 
 use burn::backend::Dispatch;
 use burn::prelude::*;

@@ -13,8 +13,7 @@ use libloading::{Library, Symbol};
 
 use crate::cubin::CubinResources;
 use crate::cuda::SmArch;
-
-type Program = *mut c_void;
+use crate::rtc::{Compile, Create, Destroy, Get, Program, Size, load_first};
 
 /// One kernel compiled for one compute capability.
 #[derive(Debug, Clone)]
@@ -92,18 +91,6 @@ impl Nvrtc {
 
     /// nvrtcCreateProgram → nvrtcCompileProgram → PTX and CUBIN; the compiler's log on failure.
     fn run(&self, name: &str, source: &str, options: &[String]) -> Result<(String, Vec<u8>), String> {
-        type Create = unsafe extern "C" fn(
-            *mut Program,
-            *const c_char,
-            *const c_char,
-            c_int,
-            *const *const c_char,
-            *const *const c_char,
-        ) -> c_int;
-        type Compile = unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int;
-        type Size = unsafe extern "C" fn(Program, *mut usize) -> c_int;
-        type Get = unsafe extern "C" fn(Program, *mut c_char) -> c_int;
-        type Destroy = unsafe extern "C" fn(*mut Program) -> c_int;
         // SAFETY: each pointer is the library's export of that name, whose C signature is the one
         // given (nvrtc.h).
         let (create, compile, log_size, log, ptx_size, ptx, cubin_size, cubin, destroy) = unsafe {
@@ -159,23 +146,13 @@ impl Nvrtc {
     }
 }
 
-/// The first of `names` that loads and exports `nvrtcCreateProgram`, kept loaded for the process.
+/// The first of `names` that exports NVRTC; the error names each one tried and what to install.
 fn find(names: &[String]) -> Result<(&'static Library, String), String> {
-    let mut tried = Vec::new();
-    for name in names {
-        // SAFETY: loading NVRTC runs its initialisers, which touch no device.
-        match unsafe { Library::new(name) } {
-            Err(e) => tried.push(format!("{name}: {e}")),
-            // SAFETY: only looked up, not called.
-            Ok(lib) if unsafe { lib.get::<*const c_void>(b"nvrtcCreateProgram\0") }.is_err() => {
-                tried.push(format!("{name}: loads but has no nvrtcCreateProgram"));
-            }
-            Ok(lib) => return Ok((Box::leak(Box::new(lib)), name.clone())),
-        }
-    }
-    Err(format!(
-        "NVRTC not found (tried {}): run `eval \"$(scripts/cuda-tools.py DIR)\"` (NVRTC and the CUDA headers from \
-         PyPI) or set PIPER_NVRTC to a libnvrtc.so, to compile the kernels for NVIDIA GPUs",
-        tried.join("; ")
-    ))
+    load_first(names.iter().map(String::as_str), b"nvrtcCreateProgram\0").map_err(|tried| {
+        format!(
+            "NVRTC not found (tried {}): run `eval \"$(scripts/cuda-tools.py DIR)\"` (NVRTC and the CUDA headers from \
+             PyPI) or set PIPER_NVRTC to a libnvrtc.so, to compile the kernels for NVIDIA GPUs",
+            tried.join("; ")
+        )
+    })
 }

@@ -68,11 +68,7 @@ fn every_kernel_compiles_for_a100_and_h100_within_their_resources() {
             assert!(compiled.ptx.contains(&format!(".entry {}", r.entry)), "{}: PTX entry {}", k.name, r.entry);
             assert!(r.registers > 0 && r.registers <= 255, "{}: {} registers", k.name, r.registers);
             assert_eq!(r.stack_bytes, 0, "{} on {}: {} bytes of stack (spills)", k.name, arch.name(), r.stack_bytes);
-            let staged = match k.name {
-                "grouped_gate_up" => 3,
-                "grouped_matmul" | "grouped_matmul_transposed" | "grouped_weight_grad" => 2,
-                _ => 0,
-            };
+            let staged = k.staged_tiles();
             let shared = r.shared_bytes as usize + k.dynamic_shared_bytes;
             assert!(shared >= staged * BLOCK * CHUNK * 4, "{}: {shared} bytes of shared memory", k.name);
             assert!(shared <= arch.max_shared_bytes(), "{}: {shared} bytes of shared memory", k.name);

@@ -65,12 +65,7 @@ fn every_kernel_compiles_for_mi250x_without_spills() {
         assert!(co.vgpr_count > 0 && co.vgpr_count <= 128, "{}: {} VGPRs", k.name, co.vgpr_count);
         assert_eq!(co.spill_count, 0, "{}: register spills", k.name);
         assert_eq!(co.scratch_bytes, 0, "{}: scratch memory", k.name);
-        // The tiled GEMMs stage two operand tiles (three for gate + up) of BLOCK × CHUNK f32 in LDS.
-        let staged = match k.name {
-            "grouped_gate_up" => 3,
-            "grouped_matmul" | "grouped_matmul_transposed" | "grouped_weight_grad" => 2,
-            _ => 0,
-        };
+        let staged = k.staged_tiles();
         let lds = co.lds_bytes as usize + k.dynamic_shared_bytes;
         assert!(lds >= staged * BLOCK * CHUNK * 4, "{}: {lds} bytes of LDS", k.name);
         assert!(lds <= 64 * 1024, "{}: {lds} bytes of LDS, more than an MI250X compute unit has", k.name);
