@@ -39,6 +39,21 @@ pub trait Pending {
     fn into_data(self: Box<Self>) -> Vec<u8>;
     /// Gives up on an incomplete operation (after a timeout). The transport may keep its buffer alive.
     fn abandon(self: Box<Self>);
+    /// The operation's number in a recorded schedule ([`crate::schedule::Recorder`]); `None` elsewhere.
+    fn schedule_id(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// What [`wait_groups`] tells its communicator, so that a recorder can tell which operations a wait
+/// covers and what is posted once each group has arrived (the schedule's dependencies).
+pub enum WaitEvent<'a> {
+    /// A wait over these groups begins (each operation's [`Pending::schedule_id`]).
+    Begin(&'a [Vec<Option<u64>>]),
+    /// Group g has arrived; what is posted until the next event is posted because of it.
+    Arrived(usize),
+    /// The wait is over.
+    End,
 }
 
 /// A group of ranks.
@@ -79,6 +94,10 @@ pub trait Communicator {
     /// in rank order). A native all-reduce where the backend has one, else
     /// [`all_reduce_sum_f32_by_gather`](crate::collectives::all_reduce_sum_f32_by_gather).
     fn all_reduce_sum_f32(&self, data: &mut [f32], op: &str) -> Result<()>;
+
+    /// Told by [`wait_groups`] where a wait begins, which group arrives, and where it ends. Nothing by
+    /// default; a schedule recorder keeps it.
+    fn on_wait(&self, _event: WaitEvent<'_>) {}
 }
 
 impl<C: Communicator + ?Sized> Communicator for Box<C> {
@@ -127,6 +146,9 @@ impl<C: Communicator + ?Sized> Communicator for Box<C> {
     fn all_reduce_sum_f32(&self, data: &mut [f32], op: &str) -> Result<()> {
         (**self).all_reduce_sum_f32(data, op)
     }
+    fn on_wait(&self, event: WaitEvent<'_>) {
+        (**self).on_wait(event)
+    }
 }
 
 /// Waits for every pending operation, polling with a short back-off, until no operation has completed
@@ -153,6 +175,8 @@ pub fn wait_groups<C: Communicator + ?Sized>(
     op: &str,
     mut arrived: impl FnMut(usize, Vec<Vec<u8>>) -> Result<()>,
 ) -> Result<()> {
+    let ids: Vec<Vec<Option<u64>>> = groups.iter().map(|g| g.iter().map(|p| p.schedule_id()).collect()).collect();
+    comm.on_wait(WaitEvent::Begin(&ids));
     let mut deadline = Instant::now() + comm.timeout();
     let mut slots: Vec<Vec<(bool, Box<dyn Pending>)>> =
         groups.into_iter().map(|g| g.into_iter().map(|p| (false, p)).collect()).collect();
@@ -171,10 +195,12 @@ pub fn wait_groups<C: Communicator + ?Sized>(
             }
             if left[g] == 0 && !handed[g] {
                 handed[g] = true;
+                comm.on_wait(WaitEvent::Arrived(g));
                 arrived(g, std::mem::take(group).into_iter().map(|(_, p)| p.into_data()).collect())?;
             }
         }
         if handed.iter().all(|h| *h) {
+            comm.on_wait(WaitEvent::End);
             return Ok(());
         }
         if Instant::now() >= deadline {

@@ -18,6 +18,7 @@ pub mod local;
 pub mod mpi_backend;
 #[cfg(feature = "rccl")]
 pub mod rccl;
+pub mod schedule;
 pub mod topology;
 
 pub use alltoall::Algo;
