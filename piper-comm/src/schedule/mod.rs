@@ -23,6 +23,7 @@ pub use recorder::{Recorded, Recorder};
 pub use text::write_rank;
 
 use crate::alltoall::{Algo, all_to_all_v_bytes};
+use crate::communicator::Communicator;
 use crate::error::{CommError, Result};
 use crate::local::LocalWorld;
 use crate::topology::Topology;
@@ -77,6 +78,9 @@ pub struct Schedule {
     pub ranks: Vec<Vec<Step<Size>>>,
 }
 
+/// Timeout of the recording's in-process waits.
+const RECORDING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1800);
+
 fn invalid(field: &str, why: String) -> CommError {
     CommError::invalid("schedule recording", field, why)
 }
@@ -97,7 +101,9 @@ pub fn record_uniform(algo: Algo, topo: &Topology) -> Result<Schedule> {
 /// One recorded run at `b` bytes per peer: each rank's canonical steps.
 fn record_run(algo: Algo, topo: &Topology, b: usize) -> Result<Vec<Vec<Step<usize>>>> {
     let n = topo.world_size();
-    LocalWorld::run(n, |comm| {
+    LocalWorld::run(n, |mut comm| {
+        // Hundreds of rank threads share the host's cores: waits take longer than in a run.
+        comm.set_timeout(RECORDING_TIMEOUT);
         let recorder = Recorder::new(comm);
         let send = vec![0u8; b * n];
         let (out, _) = all_to_all_v_bytes(algo, &recorder, topo, &send, &vec![b; n], "recorded all-to-all")?;
