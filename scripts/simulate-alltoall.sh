@@ -2,23 +2,28 @@
 # The all-to-all algorithms on a simulated machine, in SimGrid's SMPI, next to the planner's model.
 #
 #   scripts/simulate-alltoall.sh --platform frontier --nodes 4,16,64 --bytes 1024,65536 --json OUT
-#                                [--algos flat,pairwise,halo2] [--message-overhead-us 0] [--timeout-s 600] [--work DIR]
+#                                [--algos flat,pairwise,halo2] [--network-model links|smpi] [--message-overhead-us 0]
+#                                [--timeout-s 600] [--work DIR]
 #
 # For each node count and algorithm, piper-schedule records the algorithm's message schedule from
 # piper-comm's own code (every rank sending the same bytes to every peer) and scripts/simgrid/replay.c
 # replays it under smpirun on the platform scripts/simgrid/platform.py writes (frontier: 8 GCDs per
 # node; emulated: scripts/emulate-fabric.sh's 2 ranks per node on 1 Gbit/s links). OUT is a JSON array,
-# one row per (nodes, bytes_per_peer, algo) with `simulated_s` (the slowest rank, simulated seconds),
+# one row per (nodes, bytes_per_peer, algo) with `simulated_s` (simulated seconds from the last rank's start to the last end),
 # `model_s` (the planner's all-to-all cost on the same platform preset; null for emulated) and `auto`
 # (true on the algorithm the planner picks). A replay longer than --timeout-s (host seconds) gives a
 # row with `simulated_s: null` and `skipped`. halo3 (a three-level HALO) is not implemented and is
 # refused. --message-overhead-us X charges each send and each receive X us of its rank's time (SMPI's
 # smpi/os and smpi/or; 0, SMPI's default, charges none): the per-message host cost that a flat all-to-all
-# pays once per peer and HALO once per remote node. Flows are simulated without TCP's acknowledgement
+# pays once per peer and HALO once per remote node. --network-model links (the default) shares the
+# platform's links max-min fairly among the flows crossing them, each message paying its route's stated
+# latency (SimGrid's CM02 model: the hardware figures alone); smpi is SMPI's default model, which also
+# scales every message's latency (x2.0-11.6) and bandwidth (x0.34-0.94) by its size from piecewise tables
+# (smpi/lat-factor, smpi/bw-factor) calibrated on a TCP/Ethernet cluster, not on Slingshot. Flows are simulated without TCP's acknowledgement
 # traffic (network/crosstraffic:0: Slingshot is not TCP). Installs SimGrid (Debian's libsimgrid-dev) if smpirun is missing.
 set -euo pipefail
 
-PLATFORM=frontier; NODES=4,16; BYTES=1024,65536; ALGOS=flat,pairwise,halo2; JSON=""; TIMEOUT=600; WORK=""; OVERHEAD=0
+PLATFORM=frontier; NODES=4,16; BYTES=1024,65536; ALGOS=flat,pairwise,halo2; JSON=""; TIMEOUT=600; WORK=""; OVERHEAD=0; NETWORK=links
 while [ $# -gt 0 ]; do
   case "$1" in
     --platform) PLATFORM=$2; shift 2 ;;
@@ -29,6 +34,7 @@ while [ $# -gt 0 ]; do
     --timeout-s) TIMEOUT=$2; shift 2 ;;
     --work) WORK=$2; shift 2 ;;
     --message-overhead-us) OVERHEAD=$2; shift 2 ;;
+    --network-model) NETWORK=$2; shift 2 ;;
     *) echo "error: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -51,6 +57,11 @@ done
 
 [[ "$OVERHEAD" =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "error: --message-overhead-us $OVERHEAD: a number of microseconds ≥ 0" >&2; exit 2; }
 SMPI_CFG=(--cfg=smpi/simulate-computation:no --cfg=network/crosstraffic:0)
+case "$NETWORK" in
+  links) SMPI_CFG+=(--cfg=network/model:CM02) ;;
+  smpi) ;;
+  *) echo "error: --network-model $NETWORK: one of links, smpi" >&2; exit 2 ;;
+esac
 if [ "$OVERHEAD" != 0 ]; then
   s=$(python3 -c "import sys; print(float(sys.argv[1]) * 1e-6)" "$OVERHEAD")
   SMPI_CFG+=(--cfg=smpi/os:0:$s:0 --cfg=smpi/or:0:$s:0)
@@ -100,7 +111,7 @@ rows=[json.loads(l) for l in open(sys.argv[1])]
 r=[r for r in rows if r['bytes_per_peer']==int(sys.argv[2])]
 print(json.dumps({'model_s': r[0]['model_s'], 'auto': r[0]['auto']} if r else {'model_s': None, 'auto': None}))" \
         "$WORK/model-$n-$a.jsonl" "$b")
-      echo "{\"platform\": \"$PLATFORM\", \"nodes\": $n, \"ranks\": $((n * RPN)), \"bytes_per_peer\": $b, \"algo\": \"$a\", \"message_overhead_us\": $OVERHEAD, \"simulated_s\": $sim, \"skipped\": $skipped, \"host_s\": $wall, \"model\": $model}" >> "$ROWS"
+      echo "{\"platform\": \"$PLATFORM\", \"nodes\": $n, \"ranks\": $((n * RPN)), \"bytes_per_peer\": $b, \"algo\": \"$a\", \"network_model\": \"$NETWORK\", \"message_overhead_us\": $OVERHEAD, \"simulated_s\": $sim, \"skipped\": $skipped, \"host_s\": $wall, \"model\": $model}" >> "$ROWS"
       echo "$PLATFORM nodes=$n algo=$a bytes=$b simulated_s=$sim ($wall s)" >&2
     done
   done

@@ -1,8 +1,8 @@
 //! Recorded schedules of the all-to-all algorithms: each replays to the end with every message matched,
 //! at message sizes it was not recorded at, and moves across nodes exactly what a uniform all-to-all
-//! must (every block crosses the network once, with its 8-byte count), in as many messages as the
-//! algorithm's design says: flat and pairwise one per pair of ranks on different nodes, HALO one per
-//! rank and remote node.
+//! with known receive counts must (every block crosses the network once; HALO's relays also get each
+//! block's 8-byte count in-band), in as many messages as the algorithm's design says: flat and pairwise
+//! one per pair of ranks on different nodes, HALO two per rank and remote node (counts, then data).
 
 use piper_comm::schedule::{Schedule, Size, Step, check, record_uniform, write_rank};
 use piper_comm::{Algo, Topology};
@@ -32,11 +32,11 @@ fn every_algorithm_replays_and_moves_each_block_across_the_network_once() {
             for bytes in [1u64, 3, 4096, 1 << 22] {
                 let t = check(&schedule, bytes).unwrap();
                 let what = format!("{algo:?} on {:?} at {bytes} B", topo.node_of);
-                assert_eq!(t.inter_bytes, pairs * (bytes + 8), "{what}");
-                let messages = match algo {
-                    Algo::Flat | Algo::Pairwise => 2 * pairs,
-                    Algo::Halo => 2 * remote_nodes,
+                let (inter_bytes, messages) = match algo {
+                    Algo::Flat | Algo::Pairwise => (pairs * bytes, pairs),
+                    Algo::Halo => (pairs * (bytes + 8), 2 * remote_nodes),
                 };
+                assert_eq!(t.inter_bytes, inter_bytes, "{what}");
                 assert_eq!(t.inter_messages, messages, "{what}");
             }
         }
@@ -105,11 +105,12 @@ fn the_text_form_lists_posts_waits_and_what_each_group_forwards() {
 }
 
 #[test]
-fn flat_uses_the_native_all_to_all_after_its_count_exchange() {
+fn flat_is_the_native_all_to_all_alone() {
+    // The receive counts are known (the dispatcher's one count exchange): no count messages.
     let topo = Topology::uniform(4, 2).unwrap();
     let s = record_uniform(Algo::Flat, &topo).unwrap();
-    let last = s.ranks[0].last().unwrap();
-    let Step::AllToAll { send, recv } = last else { panic!("flat ends with {last:?}") };
+    let [only] = s.ranks[0].as_slice() else { panic!("flat records {:?}", s.ranks[0]) };
+    let Step::AllToAll { send, recv } = only else { panic!("flat records {only:?}") };
     let one = Size { fixed: 0, per_byte: 1 };
     assert_eq!((send.as_slice(), recv.as_slice()), (&[one; 4][..], &[one; 4][..]));
 }

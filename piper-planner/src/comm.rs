@@ -13,8 +13,12 @@
 //! - **HALO**: phase I, the intra-node exchange, runs concurrently with phase II, one packed message per
 //!   (rank, remote node) of `c·B` bytes (c = group members on the destination node) sent through the
 //!   rank's affine NIC to one rank there — `g` times fewer, `g` times larger messages to `g` times fewer
-//!   peers — and phase III, the intra-node redistribution of what phase II brought; phase III of each
-//!   remote node's data starts as soon as it arrives, so II and III overlap except for one chunk.
+//!   peers — and phase III, the intra-node redistribution of what phase II brought. Phase III follows
+//!   phase II: a remote node's data is forwarded as soon as it arrives, but the phase II flows share
+//!   the NICs fairly and finish together near the end (as simulated in SimGrid), so little overlaps.
+//!   Before its data, HALO sends its relays' counts in-band: two rounds (to local peers and relays,
+//!   then from relays to local peers), each one latency. Flat and pairwise move only the data (the
+//!   receive counts come from the dispatcher's one count exchange, common to all three).
 //!
 //! So inside one switch, where messages are few, both cost the same bytes and HALO's extra hop makes it
 //! no faster; as nodes are added the flat exchange's peers per NIC grow `g` times faster than HALO's and
@@ -187,7 +191,10 @@ pub fn all_to_all_s(platform: &Platform, shape: &GroupShape, bytes_per_peer: f64
         let phase_1 = intra_exchange_s(platform, &node.locals, b);
         let total_remote_nodes: u64 = node.remote_nodes.iter().sum();
         if total_remote_nodes == 0 {
-            return phase_1;
+            return match algo {
+                A2aAlgo::Halo => halo_count_rounds_s(platform, node) + phase_1,
+                A2aAlgo::Flat | A2aAlgo::Pairwise => phase_1,
+            };
         }
         let bytes: [f64; 3] = std::array::from_fn(|l| c * node.remote_ranks[l] as f64 * b);
         match algo {
@@ -206,11 +213,20 @@ pub fn all_to_all_s(platform: &Platform, shape: &GroupShape, bytes_per_peer: f64
                 // Each member forwards to each local peer the B-sized pieces of every remote source it
                 // relays for: remote_ranks / c sources per member.
                 let phase_3 = intra_exchange_s(platform, &node.locals, b * remote_ranks as f64 / c);
-                let chunk = phase_2.min(phase_3) / total_remote_nodes as f64;
-                phase_1.max(phase_2.max(phase_3) + chunk)
+                halo_count_rounds_s(platform, node) + phase_1.max(phase_2) + phase_3
             }
         }
     }))
+}
+
+/// HALO's in-band counts, before its data: round 1 sends each local peer its count and each remote
+/// node's relay one vector (one message per remote node), round 2 has each relay tell its local peers
+/// what their relayed sources send them. Each round is one latency of the furthest level it crosses;
+/// the counts' bytes are negligible.
+fn halo_count_rounds_s(platform: &Platform, node: &NodeView) -> f64 {
+    let intra = if node.locals.len() > 1 { platform.topology.intra_node_latency_us * 1e-6 } else { 0.0 };
+    let relays = node.remote_nodes.iter().any(|n| *n > 0);
+    latency_s(platform, node.remote_nodes).max(intra) + if relays { intra } else { 0.0 }
 }
 
 /// Point-to-point transfer of `bytes` between two ranks while every rank of the node does the same.
@@ -297,11 +313,12 @@ mod tests {
     }
 
     #[test]
-    fn single_node_halo_equals_flat() {
+    fn single_node_halo_is_flat_after_its_count_round() {
         let p = preset("frontier").unwrap();
         let shape = GroupShape::new(&p, 0, 8, 1);
         for b in [1e3, 1e6, 1e8] {
-            assert_eq!(all_to_all_s(&p, &shape, b, A2aAlgo::Flat), all_to_all_s(&p, &shape, b, A2aAlgo::Halo));
+            let (flat, halo) = (all_to_all_s(&p, &shape, b, A2aAlgo::Flat), all_to_all_s(&p, &shape, b, A2aAlgo::Halo));
+            assert!((halo - flat - 5e-6).abs() < 1e-12, "{b} B: HALO {halo}, flat {flat}");
         }
         // 7 messages in flight at once: one latency of 5 µs, then the slowest pair (50 GB/s).
         assert!((all_to_all_s(&p, &shape, 1e8, A2aAlgo::Flat) - (5e-6 + 1e8 / 50e9)).abs() < 1e-12);
@@ -338,36 +355,39 @@ mod tests {
         all_to_all_s(p, &shape, bytes, A2aAlgo::Flat) / all_to_all_s(p, &shape, bytes, A2aAlgo::Halo)
     }
 
-    /// Piper's trend on Frontier: HALO ≈ flat inside one switch (4 nodes), a gain that grows with the
-    /// nodes beyond it for small messages (1.2–9× at 16–512 nodes), and ≈ 1 for bandwidth-bound ones.
+    /// On Frontier: inside one switch (2–4 nodes) HALO does not beat flat (its two count rounds and the
+    /// extra hop cost more than the messages it saves) and comes within 10% for bandwidth-bound messages;
+    /// across more nodes its gain for small messages grows with the nodes (Piper: 1.2–9× at 16–512 nodes),
+    /// and for bandwidth-bound messages it stays ≈ 1.
     #[test]
-    fn halo_gain_follows_the_papers_trend() {
+    fn halo_gain_grows_with_the_nodes_for_small_messages_only() {
         let p = preset("frontier").unwrap();
-        let sizes = [4096.0, 65536.0, 1048576.0, 16.0 * 1048576.0];
         for nodes in [2, 4] {
-            for b in sizes {
+            for b in [4096.0, 65536.0, 1048576.0, 16.0 * 1048576.0] {
                 let g = halo_gain(&p, nodes, b);
-                assert!((0.7..=1.2).contains(&g), "inside one switch: {nodes} nodes, {b} B: gain {g}");
+                assert!(g <= 1.0, "inside one switch: {nodes} nodes, {b} B: gain {g}");
+                assert!(b < 1e6 || g >= 0.9, "inside one switch, bandwidth-bound: {nodes} nodes, {b} B: gain {g}");
             }
         }
         let small: Vec<f64> = [16, 32, 64, 128, 256, 512].iter().map(|n| halo_gain(&p, *n, 4096.0)).collect();
         assert!(small.windows(2).all(|w| w[1] > w[0] * 1.1), "gain must grow with nodes: {small:?}");
-        assert!((1.1..=2.0).contains(&small[0]), "16 nodes: {}", small[0]);
         assert!((5.0..=10.0).contains(&small[5]), "512 nodes: {}", small[5]);
         for nodes in [16, 512] {
             let g = halo_gain(&p, nodes, 16.0 * 1048576.0);
-            assert!((0.95..=1.1).contains(&g), "16 MiB at {nodes} nodes: gain {g}");
+            assert!((0.9..=1.1).contains(&g), "16 MiB at {nodes} nodes: gain {g}");
         }
     }
 
-    /// Without peer-dependent message costs the gain does not depend on the node count (the model's
-    /// growth comes from there, nowhere else).
+    /// Without peer-dependent message costs (the preset's `message_cost_peers`, an assumption) HALO's
+    /// small-message gain stays under 1.5× even at 512 nodes: the model's large gains come from there.
     #[test]
-    fn without_peer_costs_the_gain_is_flat_in_nodes() {
+    fn without_peer_costs_the_gain_stays_small() {
         let mut p = preset("frontier").unwrap();
         p.topology.message_cost_peers = None;
-        let (a, b) = (halo_gain(&p, 64, 4096.0), halo_gain(&p, 512, 4096.0));
-        assert!((a - b).abs() / a < 0.05, "{a} vs {b}");
+        for nodes in [16, 64, 512] {
+            let g = halo_gain(&p, nodes, 4096.0);
+            assert!(g < 1.5, "{nodes} nodes: gain {g}");
+        }
     }
 
     #[test]

@@ -14,7 +14,10 @@ frontier: OLCF Frontier, read from the planner's preset (piper-planner/presets/p
 its sources named there): 8 GCDs per node with the preset's Infinity Fabric pair bandwidths (50-200
 GB/s), each GCD reaching the NICs at its affine NIC's 25 GB/s, 4 Slingshot-11 NICs of 25 GB/s per node
 pooled (100 GB/s up and down), dragonfly groups of 4 x 32 = 128 nodes, each group's 32 switches x ~9
-global ports x 25 GB/s (7.2 TB/s up and down per group). Latencies are assumptions: 1 us per link.
+global ports x 25 GB/s (7.2 TB/s up and down per group). Latencies are the preset's (assumed there): a
+GCD pair link has `intra_node_latency_us`; the four links between GCDs of two nodes of one group add up
+to the switch level's `latency_us` (a quarter each), and the group's global up and down links add the
+rest of the system level's.
 
 emulated: scripts/emulate-fabric.sh's fabric (2 ranks per node over loopback, assumed 10 GB/s; one
 shaped link per node of --rate-gbit, 1 Gbit/s by default, into one switch): one group.
@@ -34,14 +37,18 @@ def frontier():
     import pathlib
     toml = pathlib.Path(__file__).resolve().parents[2] / "piper-planner/presets/platforms/frontier.toml"
     t = tomllib.loads(toml.read_text())["topology"]
-    # The node's NICs pooled; a GCD reaches them through its affine NIC's share.
-    return dict(gpus=8, pair_gbs=t["intra_node_gbs"], gpu_us=1.0, gpu_nic_gbs=t["nic_gbs"],
-                node_gbs=t["nic_gbs"] * t["nics_per_node"], node_us=1.0,
-                group_nodes=t["nodes_per_switch"] * t["switches_per_group"], group_gbs=32 * 9 * 25.0, group_us=1.0)
+    # The node's NICs pooled; a GCD reaches them through its affine NIC's share. Routes: GCD pair, one
+    # link; inside a group, tonic + up + down + fromnic; across groups also gup + gdown.
+    switch_us, system_us = t["switch"]["latency_us"], t["system"]["latency_us"]
+    return dict(gpus=8, pair_gbs=t["intra_node_gbs"], pair_us=t["intra_node_latency_us"],
+                gpu_us=switch_us / 4, gpu_nic_gbs=t["nic_gbs"],
+                node_gbs=t["nic_gbs"] * t["nics_per_node"], node_us=switch_us / 4,
+                group_nodes=t["nodes_per_switch"] * t["switches_per_group"], group_gbs=32 * 9 * 25.0,
+                group_us=max(system_us - switch_us, 0.0) / 2)
 
 
 def emulated(rate_gbit):
-    return dict(gpus=2, pair_gbs=[[0.0, 10.0], [10.0, 0.0]], gpu_us=5.0, gpu_nic_gbs=10.0,
+    return dict(gpus=2, pair_gbs=[[0.0, 10.0], [10.0, 0.0]], pair_us=5.0, gpu_us=5.0, gpu_nic_gbs=10.0,
                 node_gbs=rate_gbit / 8.0, node_us=20.0, group_nodes=1 << 30, group_gbs=1e6, group_us=0.0)
 
 
@@ -55,7 +62,7 @@ def node_zone(n, m):
     for a in range(g):
         for b in range(g):
             if a != b:
-                lines.append(f'        <link id="if-{n}-{a}-{b}" bandwidth="{m["pair_gbs"][a][b]}GBps" latency="{m["gpu_us"]}us"/>')
+                lines.append(f'        <link id="if-{n}-{a}-{b}" bandwidth="{m["pair_gbs"][a][b]}GBps" latency="{m["pair_us"]}us"/>')
         for way in ("tonic", "fromnic"):
             lines.append(f'        <link id="{way}-{n}-{a}" bandwidth="{m["gpu_nic_gbs"]}GBps" latency="{m["gpu_us"]}us"/>')
     for a in range(g):

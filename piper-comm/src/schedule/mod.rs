@@ -2,7 +2,8 @@
 //! simulator (`scripts/simulate-alltoall.sh` replays them in SimGrid's SMPI).
 //!
 //! [`record_uniform`] runs an algorithm on an in-process world in which every rank sends the same
-//! number of bytes to every peer, through a [`Recorder`], twice: with one and with two bytes per peer.
+//! number of bytes to every peer, as the MoE dispatch and combine run it (receive counts known), through
+//! a [`Recorder`], twice: with one and with two bytes per peer.
 //! Every message of a uniform all-to-all is `fixed + per_byte · B` bytes long (counts are fixed, data
 //! blocks are B each, HALO's packets hold whole blocks), so the two runs give each message's size at
 //! any B > 0 exactly, and a schedule recorded on a small world scales to any message size. The two runs
@@ -22,7 +23,7 @@ pub use check::{Traffic, check};
 pub use recorder::{Recorded, Recorder};
 pub use text::write_rank;
 
-use crate::alltoall::{Algo, all_to_all_v_bytes};
+use crate::alltoall::{Algo, all_to_all_v_bytes_known};
 use crate::communicator::Communicator;
 use crate::error::{CommError, Result};
 use crate::local::LocalWorld;
@@ -106,7 +107,10 @@ fn record_run(algo: Algo, topo: &Topology, b: usize) -> Result<Vec<Vec<Step<usiz
         comm.set_timeout(RECORDING_TIMEOUT);
         let recorder = Recorder::new(comm);
         let send = vec![0u8; b * n];
-        let (out, _) = all_to_all_v_bytes(algo, &recorder, topo, &send, &vec![b; n], "recorded all-to-all")?;
+        // As a token dispatcher runs it: the receive counts are known (flat and pairwise move only the
+        // data; HALO routes its relays' counts in-band).
+        let out =
+            all_to_all_v_bytes_known(algo, &recorder, topo, &send, &vec![b; n], &vec![b; n], "recorded all-to-all")?;
         if out.len() != b * n {
             return Err(invalid("result", format!("received {} bytes, expected {}", out.len(), b * n)));
         }
