@@ -133,3 +133,24 @@ fn gather_on_a_root_holds_every_ranks_bytes_in_order() {
     let e = LocalWorld::run(2, |c| gather_bytes(&c, &[1], 5, "gather").unwrap_err().to_string());
     assert!(e[0].contains("root"), "{e:?}");
 }
+
+/// HALO with known receive counts trusts them for its receives: a relay whose known count from a
+/// remote source disagrees with what that source announces stops with an error naming `recv_counts`
+/// (its peers stop at their timeout), never with wrong bytes.
+#[test]
+fn halo_refuses_known_counts_that_disagree_with_the_senders() {
+    let topo = Topology::uniform(4, 2).unwrap();
+    let out = LocalWorld::run(4, |mut c| {
+        c.set_timeout(std::time::Duration::from_secs(2));
+        let me = c.rank();
+        let mut recv_counts = vec![1usize; 4];
+        if me == 0 {
+            recv_counts[2] = 2; // rank 2 (the other node) sends 1 byte; rank 0 relays it to itself
+        }
+        all_to_all_v_bytes_known(Algo::Halo, &c, &topo, &[7u8; 4], &[1; 4], &recv_counts, "known")
+            .map_err(|e| e.to_string())
+    });
+    let e = out[0].as_ref().unwrap_err();
+    assert!(e.contains("recv_counts") && e.contains("rank 2"), "{e}");
+    assert!(out.iter().all(|r| r.is_err()), "{out:?}");
+}

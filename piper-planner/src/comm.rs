@@ -16,9 +16,9 @@
 //!   peers — and phase III, the intra-node redistribution of what phase II brought. Phase III follows
 //!   phase II: a remote node's data is forwarded as soon as it arrives, but the phase II flows share
 //!   the NICs fairly and finish together near the end (as simulated in SimGrid), so little overlaps.
-//!   Before its data, HALO sends its relays' counts in-band: two rounds (to local peers and relays,
-//!   then from relays to local peers), each one latency. Flat and pairwise move only the data (the
-//!   receive counts come from the dispatcher's one count exchange, common to all three).
+//!   Before its data, HALO sends each remote node's relay this rank's counts to the members there (one
+//!   round, one latency); flat and pairwise move only the data. Every rank's receive counts come from
+//!   the dispatcher's one count exchange, common to all three.
 //!
 //! So inside one switch, where messages are few, both cost the same bytes and HALO's extra hop makes it
 //! no faster; as nodes are added the flat exchange's peers per NIC grow `g` times faster than HALO's and
@@ -191,10 +191,7 @@ pub fn all_to_all_s(platform: &Platform, shape: &GroupShape, bytes_per_peer: f64
         let phase_1 = intra_exchange_s(platform, &node.locals, b);
         let total_remote_nodes: u64 = node.remote_nodes.iter().sum();
         if total_remote_nodes == 0 {
-            return match algo {
-                A2aAlgo::Halo => halo_count_rounds_s(platform, node) + phase_1,
-                A2aAlgo::Flat | A2aAlgo::Pairwise => phase_1,
-            };
+            return phase_1;
         }
         let bytes: [f64; 3] = std::array::from_fn(|l| c * node.remote_ranks[l] as f64 * b);
         match algo {
@@ -213,20 +210,11 @@ pub fn all_to_all_s(platform: &Platform, shape: &GroupShape, bytes_per_peer: f64
                 // Each member forwards to each local peer the B-sized pieces of every remote source it
                 // relays for: remote_ranks / c sources per member.
                 let phase_3 = intra_exchange_s(platform, &node.locals, b * remote_ranks as f64 / c);
-                halo_count_rounds_s(platform, node) + phase_1.max(phase_2) + phase_3
+                // The relays' counts first: one vector per remote node, one latency.
+                latency_s(platform, node.remote_nodes) + phase_1.max(phase_2) + phase_3
             }
         }
     }))
-}
-
-/// HALO's in-band counts, before its data: round 1 sends each local peer its count and each remote
-/// node's relay one vector (one message per remote node), round 2 has each relay tell its local peers
-/// what their relayed sources send them. Each round is one latency of the furthest level it crosses;
-/// the counts' bytes are negligible.
-fn halo_count_rounds_s(platform: &Platform, node: &NodeView) -> f64 {
-    let intra = if node.locals.len() > 1 { platform.topology.intra_node_latency_us * 1e-6 } else { 0.0 };
-    let relays = node.remote_nodes.iter().any(|n| *n > 0);
-    latency_s(platform, node.remote_nodes).max(intra) + if relays { intra } else { 0.0 }
 }
 
 /// Point-to-point transfer of `bytes` between two ranks while every rank of the node does the same.
@@ -313,12 +301,11 @@ mod tests {
     }
 
     #[test]
-    fn single_node_halo_is_flat_after_its_count_round() {
+    fn single_node_halo_equals_flat() {
         let p = preset("frontier").unwrap();
         let shape = GroupShape::new(&p, 0, 8, 1);
         for b in [1e3, 1e6, 1e8] {
-            let (flat, halo) = (all_to_all_s(&p, &shape, b, A2aAlgo::Flat), all_to_all_s(&p, &shape, b, A2aAlgo::Halo));
-            assert!((halo - flat - 5e-6).abs() < 1e-12, "{b} B: HALO {halo}, flat {flat}");
+            assert_eq!(all_to_all_s(&p, &shape, b, A2aAlgo::Flat), all_to_all_s(&p, &shape, b, A2aAlgo::Halo));
         }
         // 7 messages in flight at once: one latency of 5 µs, then the slowest pair (50 GB/s).
         assert!((all_to_all_s(&p, &shape, 1e8, A2aAlgo::Flat) - (5e-6 + 1e8 / 50e9)).abs() < 1e-12);
@@ -355,7 +342,7 @@ mod tests {
         all_to_all_s(p, &shape, bytes, A2aAlgo::Flat) / all_to_all_s(p, &shape, bytes, A2aAlgo::Halo)
     }
 
-    /// On Frontier: inside one switch (2–4 nodes) HALO does not beat flat (its two count rounds and the
+    /// On Frontier: inside one switch (2–4 nodes) HALO does not beat flat (its count round and the
     /// extra hop cost more than the messages it saves) and comes within 10% for bandwidth-bound messages;
     /// across more nodes its gain for small messages grows with the nodes (Piper: 1.2–9× at 16–512 nodes),
     /// and for bandwidth-bound messages it stays ≈ 1.

@@ -6,9 +6,10 @@
 //! affine NIC. Phase III: each relay splits what it received and redistributes it inside its node, one
 //! remote node at a time, in the order the nodes' messages arrive (not a fixed order).
 //!
-//! The counts travel the same paths first (to local peers directly, to relays as one vector per remote
-//! node, then redistributed), so no rank needs the whole P × P count matrix. Zero-size blocks and
-//! messages are skipped on both sides; uneven nodes wrap positions onto the smaller node.
+//! The counts travel the same paths first, so no rank needs the whole P × P count matrix: to relays as
+//! one vector per remote node, and — only when the caller does not know its receive counts — to local
+//! peers directly and then redistributed by the relays. Zero-size blocks and messages are skipped on
+//! both sides; uneven nodes wrap positions onto the smaller node.
 
 use crate::collectives::{check_counts, displacements};
 use crate::communicator::{Communicator, Pending, tags, wait_all, wait_groups};
@@ -53,13 +54,23 @@ fn relayed_sources(layout: &GroupNodes, me: usize) -> Vec<(usize, Vec<usize>)> {
         .collect()
 }
 
-/// HALO variable all-to-all of bytes. Returns the received bytes (by source rank) and the count from
-/// each source.
+/// What each rank needs to know before HALO's data moves.
+struct Counts {
+    /// Bytes from each source rank.
+    recv: Vec<usize>,
+    /// Per relayed source (its node, the source, its counts to each member of this node).
+    relay: Vec<(usize, usize, Vec<usize>)>,
+}
+
+/// HALO variable all-to-all of bytes. `known`: the bytes this rank receives from each source, when the
+/// caller knows them (a token dispatcher does) — then only the relays' counts travel, in one round; else
+/// two rounds. Returns the received bytes (by source rank) and the count from each source.
 pub fn halo_all_to_all_v<C: Communicator + ?Sized>(
     comm: &C,
     layout: &GroupNodes,
     send: &[u8],
     send_counts: &[usize],
+    known: Option<&[usize]>,
     op: &str,
 ) -> Result<(Vec<u8>, Vec<usize>)> {
     comm.check_usable()?;
@@ -76,15 +87,39 @@ pub fn halo_all_to_all_v<C: Communicator + ?Sized>(
         ));
     }
     let me = comm.rank();
+    if let Some(k) = known.filter(|k| k.len() != n) {
+        return Err(CommError::invalid(op, "recv_counts", format!("has {} entries for a group of {n}", k.len())));
+    }
+    if let Some(k) = known.filter(|k| k[me] != send_counts[me]) {
+        return Err(CommError::invalid(
+            op,
+            "recv_counts",
+            format!("expects {} bytes from this rank itself, which sends itself {}", k[me], send_counts[me]),
+        ));
+    }
+    let counts = exchange_halo_counts(comm, layout, send_counts, known, op)?;
+    halo_data(comm, layout, send, send_counts, counts, op)
+}
+
+/// The counts, before the data. Round 1: each remote node's relay gets one vector (this rank's counts
+/// to every member there), and — unless `known` — each local peer its count. Round 2, unless `known`:
+/// each relay tells each local member what its relayed sources send it.
+fn exchange_halo_counts<C: Communicator + ?Sized>(
+    comm: &C,
+    layout: &GroupNodes,
+    send_counts: &[usize],
+    known: Option<&[usize]>,
+    op: &str,
+) -> Result<Counts> {
+    let (n, me) = (comm.size(), comm.rank());
     let (my_node, _) = layout.place[me];
     let local: Vec<usize> = layout.nodes[my_node].iter().copied().filter(|p| *p != me).collect();
     let remote_nodes: Vec<usize> = (0..layout.nodes.len()).filter(|x| *x != my_node).collect();
     let relayed = relayed_sources(layout, me);
-    let sdispl = displacements(send_counts);
+    let direct = if known.is_some() { &[][..] } else { &local[..] };
 
-    // Counts, round 1: local peers directly; one vector per remote node to its relay.
     let mut pending: Vec<Box<dyn Pending>> = Vec::new();
-    for &p in &local {
+    for &p in direct {
         pending.push(comm.irecv(p, tags::COUNTS, 8)?);
     }
     for (_, sources) in &relayed {
@@ -92,7 +127,7 @@ pub fn halo_all_to_all_v<C: Communicator + ?Sized>(
             pending.push(comm.irecv(s, tags::COUNTS, 8 * layout.nodes[my_node].len())?);
         }
     }
-    for &p in &local {
+    for &p in direct {
         pending.push(comm.isend(p, tags::COUNTS, to_bytes(&[send_counts[p]]))?);
     }
     for &m in &remote_nodes {
@@ -100,9 +135,9 @@ pub fn halo_all_to_all_v<C: Communicator + ?Sized>(
         pending.push(comm.isend(layout.relay(me, m), tags::COUNTS, to_bytes(&counts))?);
     }
     let mut got = wait_all(comm, pending, &format!("{op} (HALO counts, phases I/II)"))?.into_iter();
-    let mut recv_counts = vec![0usize; n];
+    let mut recv_counts = known.map_or_else(|| vec![0usize; n], <[usize]>::to_vec);
     recv_counts[me] = send_counts[me];
-    for &p in &local {
+    for &p in direct {
         recv_counts[p] = u64s(&got.next().expect("one per local peer"))[0];
     }
     // relay_counts[(node, source)] = counts from that source to each member of my node.
@@ -115,19 +150,45 @@ pub fn halo_all_to_all_v<C: Communicator + ?Sized>(
     // What this rank will receive and forward as a relay, checked before anything is allocated for it.
     let announced = relay_counts.iter().flat_map(|(_, s, c)| c.iter().map(move |c| (*s, *c)));
     crate::collectives::check_announced_counts(comm, op, announced)?;
+    match known {
+        None => redistribute_counts(comm, layout, &relay_counts, &mut recv_counts, op)?,
+        // What this rank relays to itself must be what the caller expects from those sources.
+        Some(k) => {
+            let pos = layout.nodes[my_node].iter().position(|d| *d == me).expect("a member of its node");
+            if let Some((_, s, c)) = relay_counts.iter().find(|(_, s, c)| c[pos] != k[*s]) {
+                return Err(CommError::invalid(
+                    op,
+                    "recv_counts",
+                    format!("expects {} bytes from rank {s}, which sends {}", k[*s], c[pos]),
+                ));
+            }
+        }
+    }
+    crate::collectives::check_announced_counts(comm, op, recv_counts.iter().copied().enumerate())?;
+    Ok(Counts { recv: recv_counts, relay: relay_counts })
+}
 
-    // Counts, round 2: each relay tells each local member what its relayed sources send it.
+/// Round 2 of the counts: each relay tells each local member what its relayed sources send it.
+fn redistribute_counts<C: Communicator + ?Sized>(
+    comm: &C,
+    layout: &GroupNodes,
+    relay_counts: &[(usize, usize, Vec<usize>)],
+    recv_counts: &mut [usize],
+    op: &str,
+) -> Result<()> {
+    let me = comm.rank();
+    let (my_node, _) = layout.place[me];
     let my_members = &layout.nodes[my_node];
     let mut pending: Vec<Box<dyn Pending>> = Vec::new();
-    let mut expect_from: Vec<(usize, Vec<usize>)> = Vec::new(); // (local relay, sources it relays to me)
-    for &q in &local {
-        let sources: Vec<usize> = remote_nodes
-            .iter()
-            .flat_map(|m| layout.nodes[*m].iter().copied().filter(|s| layout.relay(*s, my_node) == q))
+    let mut expect_from: Vec<Vec<usize>> = Vec::new(); // per local relay, the sources it relays to me
+    for &q in my_members.iter().filter(|q| **q != me) {
+        let sources: Vec<usize> = (0..layout.nodes.len())
+            .filter(|m| *m != my_node)
+            .flat_map(|m| layout.nodes[m].iter().copied().filter(|s| layout.relay(*s, my_node) == q))
             .collect();
         if !sources.is_empty() {
             pending.push(comm.irecv(q, tags::COUNTS, 8 * sources.len())?);
-            expect_from.push((q, sources));
+            expect_from.push(sources);
         }
     }
     for (pos, &d) in my_members.iter().enumerate() {
@@ -141,13 +202,31 @@ pub fn halo_all_to_all_v<C: Communicator + ?Sized>(
         }
     }
     let got = wait_all(comm, pending, &format!("{op} (HALO counts, phase III)"))?;
-    for ((_, sources), bytes) in expect_from.iter().zip(&got) {
+    for (sources, bytes) in expect_from.iter().zip(&got) {
         for (s, c) in sources.iter().zip(u64s(bytes)) {
             recv_counts[*s] = c;
         }
     }
+    Ok(())
+}
 
-    crate::collectives::check_announced_counts(comm, op, recv_counts.iter().copied().enumerate())?;
+/// The data: phase I beside phase II, and phase III as each remote node's data arrives.
+fn halo_data<C: Communicator + ?Sized>(
+    comm: &C,
+    layout: &GroupNodes,
+    send: &[u8],
+    send_counts: &[usize],
+    counts: Counts,
+    op: &str,
+) -> Result<(Vec<u8>, Vec<usize>)> {
+    let Counts { recv: recv_counts, relay: relay_counts } = counts;
+    let me = comm.rank();
+    let (my_node, _) = layout.place[me];
+    let local: Vec<usize> = layout.nodes[my_node].iter().copied().filter(|p| *p != me).collect();
+    let remote_nodes: Vec<usize> = (0..layout.nodes.len()).filter(|x| *x != my_node).collect();
+    let relayed = relayed_sources(layout, me);
+    let my_members = &layout.nodes[my_node];
+    let sdispl = displacements(send_counts);
 
     // Data. Everything is posted before any wait, so rendezvous-size messages cannot deadlock.
     let rdispl = displacements(&recv_counts);

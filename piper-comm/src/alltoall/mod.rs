@@ -34,13 +34,14 @@ pub fn all_to_all_v_bytes<C: Communicator + ?Sized>(
             let recv_counts = exchange_counts(comm, send_counts, op)?;
             Ok((pairwise_bytes(comm, send, send_counts, &recv_counts, op)?, recv_counts))
         }
-        Algo::Halo => halo::halo_all_to_all_v(comm, &GroupNodes::new(comm, topo)?, send, send_counts, op),
+        Algo::Halo => halo::halo_all_to_all_v(comm, &GroupNodes::new(comm, topo)?, send, send_counts, None, op),
     }
 }
 
 /// A variable all-to-all of bytes whose receive counts are already known (a token dispatcher's handle
-/// keeps them): flat and pairwise move only the data, with no count exchange. HALO routes the counts its
-/// relays need in-band (they travel its phases); what arrives is checked against `recv_counts`.
+/// keeps them): flat and pairwise move only the data, with no count exchange. HALO sends only the counts
+/// its relays need, in one round before its data; a relayed count that disagrees with `recv_counts` is an
+/// error, and every receive is posted at the size `recv_counts` gives.
 pub fn all_to_all_v_bytes_known<C: Communicator + ?Sized>(
     algo: Algo,
     comm: &C,
@@ -62,15 +63,8 @@ pub fn all_to_all_v_bytes_known<C: Communicator + ?Sized>(
         Algo::Flat => comm.all_to_all_v_bytes(send, send_counts, recv_counts, op),
         Algo::Pairwise => pairwise_bytes(comm, send, send_counts, recv_counts, op),
         Algo::Halo => {
-            let (data, got) = halo::halo_all_to_all_v(comm, &GroupNodes::new(comm, topo)?, send, send_counts, op)?;
-            if got != recv_counts {
-                return Err(CommError::invalid(
-                    op,
-                    "recv_counts",
-                    format!("the handle expected {recv_counts:?} bytes by source but {got:?} arrived"),
-                ));
-            }
-            Ok(data)
+            let layout = GroupNodes::new(comm, topo)?;
+            Ok(halo::halo_all_to_all_v(comm, &layout, send, send_counts, Some(recv_counts), op)?.0)
         }
     }
 }
