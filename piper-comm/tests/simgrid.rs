@@ -1,7 +1,9 @@
 //! `scripts/simulate-alltoall.sh` end to end on a simulated 4-node Frontier (SimGrid's SMPI), checked
 //! against what the platform file makes certain: at 4 MiB per peer every algorithm pushes each node's
 //! 8 × 24 remote blocks through its 100 GB/s of NICs, so it cannot take less than 8.05 ms and, bandwidth
-//! bound, should not take much more; flat (MPI_Alltoallv) and pairwise post the same messages. Skips
+//! bound, should not take much more; flat (MPI_Alltoallv) and pairwise post the same messages. The
+//! planner's model, on the same preset, is within 15% of every simulated time, and the algorithm it
+//! picks is within 5% of the fastest simulated (issue 32's goals, held here on 4 nodes). Skips
 //! (saying so) where smpirun is not installed, unless `PIPER_REQUIRE_SIMGRID=1` (set by `.ci/run`).
 
 use std::path::Path;
@@ -53,13 +55,24 @@ fn the_simulated_all_to_all_obeys_the_platforms_bandwidth() {
         let s = seconds(row(&rows, algo, 4194304));
         assert!(s >= bound && s <= 1.5 * bound, "{algo}: {s} s at 4 MiB, the NICs allow {bound} s");
         assert!(seconds(row(&rows, algo, 1024)) < s / 100.0, "{algo}: 1 KiB is not 4096 times cheaper");
-        assert!(row(&rows, algo, 1024)["model_s"].as_f64().is_some_and(|m| m > 0.0));
+        for bytes in [1024, 4194304] {
+            let r = row(&rows, algo, bytes);
+            let ratio = r["model_s"].as_f64().unwrap_or(f64::NAN) / seconds(r);
+            assert!((0.85..=1.15).contains(&ratio), "{algo} at {bytes} B: model / simulated = {ratio}");
+        }
     }
     for bytes in [1024, 4194304] {
         let (flat, pairwise) = (seconds(row(&rows, "flat", bytes)), seconds(row(&rows, "pairwise", bytes)));
         assert!((flat - pairwise).abs() <= 0.02 * flat, "{bytes} B: flat {flat} s, pairwise {pairwise} s");
-        let picked = rows.iter().filter(|r| r["bytes_per_peer"] == bytes && r["auto"] == true).count();
-        assert_eq!(picked, 1, "{bytes} B: the planner picks one algorithm");
+        let picked: Vec<&serde_json::Value> =
+            rows.iter().filter(|r| r["bytes_per_peer"] == bytes && r["auto"] == true).collect();
+        assert_eq!(picked.len(), 1, "{bytes} B: the planner picks one algorithm");
+        let fastest = ["flat", "pairwise", "halo2"]
+            .map(|a| seconds(row(&rows, a, bytes)))
+            .into_iter()
+            .fold(f64::INFINITY, f64::min);
+        let chosen = seconds(picked[0]);
+        assert!(chosen <= 1.05 * fastest, "{bytes} B: the pick takes {chosen} s, the fastest {fastest} s");
     }
     std::fs::remove_dir_all(&work).ok();
 }
