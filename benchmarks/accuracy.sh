@@ -76,7 +76,7 @@ for mi in "${!models[@]}"; do
         mbs=$((batch / (m * ep * dp)))
         "$bin/piper" predict --model "$model" --platform "$platform" --pp "$pp" --ep "$ep" \
             --dp "$dp" --micro-batch-size "$mbs" --num-micro-batches "$m" --seq-len "$seq" --schedule "$schedule" \
-            --recompute none --dtype fp32 --no-flash-attention --json >"$tmp/predict.json"
+            --recompute none --dtype fp32 --json >"$tmp/predict.json"
         if [[ -n ${REPRICE:-} ]]; then measured=("--measured" "$tmp/measured.jsonl"); else measured=("$tmp"/summary-"$mi-$li"-*.json); fi
         "$python" - "$model" "${layouts[$li]}" "$tmp/predict.json" "${measured[@]}" >>"$out" <<'PY'
 import json, statistics, sys

@@ -255,7 +255,7 @@ pub fn measure_links(world: &dyn Communicator, topo: &Topology, name: &str) -> R
         step_costs: None,
         time_share_exponent: None,
         train_dtype: None,
-        flash_attention: Some(false),
+        flash_attention: Some(true),
         refinement: None,
     };
     platform.validate().map_err(|e| format!("calibration produced an invalid platform: {e}"))?;

@@ -3,11 +3,12 @@
 //! micro-batch (RMSNorm, rotary embedding, softmax, SwiGLU, plain element-wise), the number of tensor
 //! ops (each pays a fixed overhead), the LM head's softmax-cross-entropy, and the AdamW step.
 //!
-//! The counts follow piper-burn's implementation: attention is unfused (the `b·h·s²` scores are scaled,
-//! masked and soft-maxed as whole tensors), key/value heads are repeated into copies, MoE dispatch and
-//! combine gather `T·k·d` rows. They are counts of elements, forward + backward, not FLOPs.
+//! The counts follow piper-burn's implementation: the causal attention is one fused op (scores, mask,
+//! softmax and the product with the values inside it, key/value heads read in place), priced by the
+//! attention table, not counted here; MoE dispatch and combine gather `T·k·d` rows. They are counts of
+//! elements, forward + backward, not FLOPs.
 //!
-//! Legend: T tokens per micro-batch, s sequence, d width, h query heads, g key/value heads, k head dim,
+//! Legend: T tokens per micro-batch, d width, h query heads, g key/value heads, k head dim,
 //! E experts, K top-k, f expert width, V vocabulary.
 
 use crate::model::{Attention, LayerKind, ModelSpec, QkNorm};
@@ -45,14 +46,14 @@ impl Elements {
     }
 }
 
-/// One decoder layer of `kind` on one rank, `tokens` tokens of sequences of `seq` per micro-batch;
+/// One decoder layer of `kind` on one rank, `tokens` tokens per micro-batch;
 /// `ep` ranks share the routed tokens' expert work (each rank computes `T·K` expert rows on average).
-pub fn layer_elements(spec: &ModelSpec, kind: LayerKind, tokens: f64, seq: f64) -> Elements {
+pub fn layer_elements(spec: &ModelSpec, kind: LayerKind, tokens: f64) -> Elements {
     let t = tokens;
     let d = spec.hidden_size as f64;
     let mut e = Elements { norm: 2.0 * t * d, elementwise: 2.0 * t * d, ..Default::default() };
-    // Attention: projections' layout copies, rotary embedding, scores scaled + masked + soft-maxed.
-    let (h, qk, v_width, rope_width, latent) = match spec.attention {
+    // Attention: q/k norms, biases, rotary embedding; the fused attention op itself is in the table.
+    let (rope_width, latent) = match spec.attention {
         Attention::Gqa { num_heads, num_kv_heads, head_dim, qkv_bias, qk_norm, .. } => {
             let (h, g, k) = (num_heads as f64, num_kv_heads as f64, head_dim as f64);
             if qk_norm != QkNorm::None {
@@ -61,26 +62,19 @@ pub fn layer_elements(spec: &ModelSpec, kind: LayerKind, tokens: f64, seq: f64) 
             if qkv_bias {
                 e.elementwise += t * (h + 2.0 * g) * k;
             }
-            // Repeating g key/value heads into h: two copies of T·h·k.
-            e.elementwise += 2.0 * t * h * k;
-            (h, k, h * k, (h + g) * k, 0.0)
+            ((h + g) * k, 0.0)
         }
-        Attention::Mla { num_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim } => {
+        Attention::Mla { num_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, .. } => {
             let h = num_heads as f64;
             let qk = (qk_nope_head_dim + qk_rope_head_dim) as f64;
             let latent = q_lora_rank.unwrap_or(0) as f64 + kv_lora_rank as f64;
             // Keys are assembled from their no-position and rotary parts: a copy of T·h·qk.
             e.elementwise += t * h * qk;
-            (h, qk, h * v_head_dim as f64, (h + 1.0) * qk_rope_head_dim as f64, latent)
+            ((h + 1.0) * qk_rope_head_dim as f64, latent)
         }
     };
     e.norm += t * latent;
     e.rope += t * rope_width;
-    // Head-layout copies of q, k, v and the output.
-    e.elementwise += t * (2.0 * h * qk + 2.0 * v_width);
-    // Scores: scale and causal mask over the full s × s, then the softmax.
-    e.elementwise += 2.0 * t * h * seq;
-    e.softmax += t * h * seq;
     e.ops += OPS_ATTENTION;
     match (kind, &spec.moe) {
         (LayerKind::Moe, Some(moe)) => {
@@ -129,8 +123,7 @@ mod tests {
     #[test]
     fn counts_scale_with_tokens_and_price_linearly() {
         let spec = preset("tiny").unwrap();
-        let (a, b) =
-            (layer_elements(&spec, LayerKind::Moe, 100.0, 50.0), layer_elements(&spec, LayerKind::Moe, 200.0, 50.0));
+        let (a, b) = (layer_elements(&spec, LayerKind::Moe, 100.0), layer_elements(&spec, LayerKind::Moe, 200.0));
         assert_eq!(b.norm, 2.0 * a.norm);
         assert_eq!(b.swiglu, 2.0 * a.swiglu);
         assert_eq!(a.ops, b.ops, "the op count does not depend on the tokens");
@@ -150,10 +143,6 @@ mod tests {
         };
         let sum = a.norm + a.rope + a.softmax + a.swiglu + a.elementwise;
         assert!((a.seconds(&unit) - sum * 1e-9).abs() < 1e-15);
-        // Attention scores grow with the sequence: T·h·s elements each for scale, mask and softmax.
-        let longer = layer_elements(&spec, LayerKind::Moe, 100.0, 100.0);
-        let h = spec.num_heads() as f64;
-        assert!((longer.softmax - a.softmax - 100.0 * h * 50.0).abs() < 1e-9);
     }
 
     /// The time model adds exactly these seconds to each layer (a third forward, two thirds backward)
@@ -173,7 +162,7 @@ mod tests {
         let p_rc = crate::platform::Platform { runtime: Some(rc), ..p.clone() };
         let with = CostModel::new(&spec, &p_rc, &layout, &cfg, algo).unwrap();
         for (i, kind) in spec.layers.iter().enumerate() {
-            let extra = layer_elements(&spec, *kind, 128.0, 32.0).seconds(&rc);
+            let extra = layer_elements(&spec, *kind, 128.0).seconds(&rc);
             assert!((with.layer_total_s(i) - without.layer_total_s(i) - extra).abs() < 1e-12);
         }
         let head = head_elements(&spec, 128.0).seconds(&rc);

@@ -192,9 +192,7 @@ impl<'a> CostModel<'a> {
                     (total, sc.attention * tables.attention_s, total - sc.compute_s(&work, 1))
                 }
                 None => {
-                    let counted = platform
-                        .runtime
-                        .map_or(0.0, |rc| layer_elements(spec, kind, t, cfg.seq_len as f64).seconds(&rc));
+                    let counted = platform.runtime.map_or(0.0, |rc| layer_elements(spec, kind, t).seconds(&rc));
                     (3.0 * tables.total_s() + counted, tables.attention_s, 0.0)
                 }
             };

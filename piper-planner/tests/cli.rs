@@ -424,9 +424,10 @@ fn calibrate_without_workers_names_the_build_and_keeps_the_old_platform() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// A platform whose runtime has no flash attention (`flash_attention = false`, the CPU runtime's) is
-/// priced without it by default — the s² scores held — as `--no-flash-attention` asks; elsewhere the
-/// flag changes the memory.
+/// Attention is priced as the platform's runtime runs it: with flash attention on `local` (Piper's
+/// fused attention keeps each row's log-sum-exp) and Frontier, where `--no-flash-attention` holds the
+/// s² scores; a platform whose runtime has none (`flash_attention = false`) is priced without it by
+/// default.
 #[test]
 fn attention_defaults_to_what_the_platform_runtime_runs() {
     let peak = |platform: &str, extra: &[&str]| {
@@ -453,8 +454,18 @@ fn attention_defaults_to_what_the_platform_runtime_runs() {
         json(&[&base[..], extra].concat())["peak_memory_bytes"].as_f64().unwrap()
     };
     let local = "presets/platforms/local.toml";
-    assert_eq!(peak(local, &[]), peak(local, &["--no-flash-attention"]));
+    assert!(peak(local, &["--no-flash-attention"]) > peak(local, &[]));
     assert!(peak("frontier", &["--no-flash-attention"]) > peak("frontier", &[]));
+    let dir = std::env::temp_dir().join(format!("piper-cli-no-flash-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let no_flash = dir.join("no-flash.toml");
+    let text = std::fs::read_to_string(local).unwrap().replace("flash_attention = true", "flash_attention = false");
+    assert!(text.contains("flash_attention = false"), "local.toml states its attention");
+    std::fs::write(&no_flash, text).unwrap();
+    let no_flash = no_flash.to_str().unwrap();
+    assert_eq!(peak(no_flash, &[]), peak(no_flash, &["--no-flash-attention"]));
+    assert_eq!(peak(no_flash, &[]), peak(local, &["--no-flash-attention"]));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `piper calibrate --refine` refits a calibrated platform from a history whose runs were 25% slower

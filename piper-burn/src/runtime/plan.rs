@@ -44,8 +44,9 @@ impl LayoutFlags {
 }
 
 /// The planner's view of a run: f32 weights, gradients and AdamW moments (4 + 4 + 8 bytes per
-/// parameter), `recompute` (none or full), and attention that keeps its s × s scores (the runtime's
-/// attention is not flash attention).
+/// parameter), `recompute` (none or full), and flash attention: the runtime's fused causal attention
+/// keeps each row's log-sum-exp for the backward, not the `s × s` scores
+/// (`kernels_cubecl::causal_attention`).
 fn train_config(
     seq_len: u64,
     micro_batch_size: u64,
@@ -62,7 +63,7 @@ fn train_config(
         weight_bytes: 4.0,
         grad_bytes: 4.0,
         optimizer_bytes: 8.0,
-        flash_attention: false,
+        flash_attention: true,
         ..TrainConfig::new(seq_len)
     }
 }

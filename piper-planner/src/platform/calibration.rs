@@ -149,7 +149,7 @@ pub fn with_runtime(
             ..one.runtime
         }),
         train_dtype: Some("fp32".into()),
-        flash_attention: Some(false),
+        flash_attention: Some(true),
         refinement: None,
         ..base
     };

@@ -95,7 +95,8 @@ pub struct TrainArgs {
     #[arg(long)]
     pub zero1: bool,
     /// Attention without flash attention: the s² score matrix is stored (the default on a platform
-    /// whose runtime has none, `flash_attention = false`, as on `local`).
+    /// whose runtime has none, `flash_attention = false`; Piper's runtime keeps only each row's
+    /// log-sum-exp on every backend).
     #[arg(long)]
     pub no_flash_attention: bool,
     /// Tokens on the busiest expert rank ÷ mean (1 = balanced routing).
