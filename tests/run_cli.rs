@@ -120,7 +120,8 @@ fn bad_run_configurations_get_one_line_and_exit_2() {
         (vec!["--grad-clip", "inf"], "--grad-clip is inf"),
         (vec!["--aux-loss-coef", "NaN"], "--aux-loss-coef is NaN"),
         (vec!["--steps", "1000000000"], "--steps is 1000000000"),
-        (vec!["--seq-len", "100000"], "more than this machine's"),
+        // 12 688 GiB predicted: more than any machine holds, so the refusal does not depend on the one it runs on.
+        (vec!["--seq-len", "1048576", "--batch-size", "1024"], "more than this machine's"),
         (vec!["--micro-batches", "3"], "must be divisible by EP·DP·micro-batches"),
         (vec!["--micro-batches", "100000"], "--micro-batches is 100000"),
         (vec!["--ep", "2"], "--pp 1 × --ep 2 × --dp 1 = 2 ranks, but the job has 1"),
@@ -141,10 +142,9 @@ fn bad_run_configurations_get_one_line_and_exit_2() {
         let mut cmd = Command::new(example());
         // Not COMMON: its --steps/--seq-len would come first; the flags under test are enough.
         cmd.args(["--no-progress", "--log-every", "1"]).args(&args);
-        let out = cmd.output().expect("spawn");
-        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        let (status, text) = common::run_status(cmd, Duration::from_secs(60));
         let errors: Vec<&str> = text.lines().filter(|l| l.starts_with("error:")).collect();
-        assert_eq!(out.status.code(), Some(2), "{args:?}: exit {:?}\n{text}", out.status.code());
+        assert_eq!(status.code(), Some(2), "{args:?}: exit {:?}\n{text}", status.code());
         assert!(errors.len() == 1 && errors[0].contains(want), "{args:?}: want one error line with `{want}`:\n{text}");
         assert!(!text.contains("step "), "{args:?}: work started before the refusal:\n{text}");
     }
@@ -181,7 +181,7 @@ fn a_save_killed_midway_leaves_the_previous_checkpoint() {
     let mut cmd = Command::new(example());
     cmd.args(base).args(["8", "--checkpoint-dir", &ck, "--save-every", "2", "--metrics", &killed]);
     cmd.env("PIPER_FAULT", "kill-in-save").env("PIPER_FAULT_STEP", "6");
-    let status = cmd.output().expect("spawn").status;
+    let (status, _) = common::run_status(cmd, Duration::from_secs(120));
     assert_eq!(status.signal(), Some(9), "the saving process must die of SIGKILL: {status:?}");
     assert_eq!(std::fs::read_to_string(dir.join("ck/latest")).unwrap().trim(), "step-00000004");
     let leftovers: Vec<String> = std::fs::read_dir(dir.join("ck"))
@@ -204,10 +204,9 @@ fn a_save_killed_midway_leaves_the_previous_checkpoint() {
     let before = (std::fs::read(dir.join("killed.jsonl")).unwrap(), std::fs::read_dir(dir.join("ck")).unwrap().count());
     let mut cmd = Command::new(example());
     cmd.args(base).args(["10", "--resume", &ck, "--checkpoint-dir", &ck, "--metrics", &killed]);
-    let out = cmd.output().expect("spawn");
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let (status, text) = common::run_status(cmd, Duration::from_secs(60));
     let errors: Vec<&str> = text.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert_eq!(status.code(), Some(2), "{text}");
     assert!(
         errors.len() == 1
             && errors[0].contains("step-00000008/shard-00000.safetensors")

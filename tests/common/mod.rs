@@ -3,7 +3,7 @@
 #![allow(dead_code)] // each test file uses a subset
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -48,11 +48,17 @@ pub fn example() -> PathBuf {
 /// stdout + stderr). A test's runs stay out of the user's history of training runs (`PIPER_HISTORY=off`)
 /// unless the command names one.
 pub fn run(cmd: Command, limit: Duration) -> (bool, String) {
+    let (status, text) = run_polling(cmd, limit, |_| {});
+    (status.success(), text)
+}
+
+/// [`run`], returning the exit status itself (a refusal's exit code, a signal).
+pub fn run_status(cmd: Command, limit: Duration) -> (ExitStatus, String) {
     run_polling(cmd, limit, |_| {})
 }
 
-/// [`run`], calling `poll` with the child's pid every 20 ms while it runs.
-fn run_polling(mut cmd: Command, limit: Duration, mut poll: impl FnMut(u32)) -> (bool, String) {
+/// [`run_status`], calling `poll` with the child's pid every 20 ms while it runs.
+fn run_polling(mut cmd: Command, limit: Duration, mut poll: impl FnMut(u32)) -> (ExitStatus, String) {
     let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if !cmd.get_envs().any(|(k, _)| k == "PIPER_HISTORY") {
         cmd.env("PIPER_HISTORY", "off");
@@ -63,7 +69,7 @@ fn run_polling(mut cmd: Command, limit: Duration, mut poll: impl FnMut(u32)) -> 
         if let Some(status) = child.try_wait().expect("wait") {
             let out = child.wait_with_output().expect("output");
             let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-            return (status.success(), text);
+            return (status, text);
         }
         if start.elapsed() > limit {
             let _ = child.kill();
@@ -90,7 +96,7 @@ pub fn run_signalled(
     mut send: impl FnMut(u32),
 ) -> (bool, String) {
     let mut sent = false;
-    let (ok, text) = run_polling(cmd, limit, |pid| {
+    let (status, text) = run_polling(cmd, limit, |pid| {
         let lines = std::fs::read_to_string(metrics).map_or(0, |t| t.lines().count());
         if !sent && lines >= after {
             send(pid);
@@ -98,7 +104,7 @@ pub fn run_signalled(
         }
     });
     assert!(sent, "the run ended before it was signalled:\n{text}");
-    (ok, text)
+    (status.success(), text)
 }
 
 /// Preemption end to end: `launch(flags)` (a run of 40 steps with `flags` added) trains uninterrupted; a
