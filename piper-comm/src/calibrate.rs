@@ -256,6 +256,7 @@ pub fn measure_links(world: &dyn Communicator, topo: &Topology, name: &str) -> R
         time_share_exponent: None,
         train_dtype: None,
         flash_attention: Some(true),
+        expert_activation_recomputed: Some(true),
         refinement: None,
     };
     platform.validate().map_err(|e| format!("calibration produced an invalid platform: {e}"))?;

@@ -152,6 +152,11 @@ pub struct TrainConfig {
     pub zero1: bool,
     /// Flash attention: no s² score matrix is stored.
     pub flash_attention: bool,
+    /// The routed experts' backward recomputes their activation from the gate and up projections it
+    /// keeps, instead of holding it (Piper's fused routed-experts op): `(m − 1)·f + d` per routed row,
+    /// not `m·f + d`.
+    #[serde(default)]
+    pub expert_activation_recomputed: bool,
     /// Tokens on the busiest expert rank ÷ the mean (1 = perfectly balanced routing).
     pub expert_imbalance: f64,
 }
@@ -171,6 +176,7 @@ impl TrainConfig {
             optimizer_bytes: 12.0,
             zero1: false,
             flash_attention: true,
+            expert_activation_recomputed: false,
             expert_imbalance: 1.0,
         }
     }

@@ -371,8 +371,9 @@ fn layer_activations(
         e * 2.0 * b * h * s * s
     };
     // Stored MLP activations per token per copy: m·f + d, or (m−1)·f + d when the activation function is recomputed.
-    let mlp = |mlp: &crate::model::Mlp| {
-        let kept = if recompute == Recompute::Selective { mlp.matrices() - 1 } else { mlp.matrices() };
+    let mlp = |mlp: &crate::model::Mlp, activation_recomputed: bool| {
+        let recomputed = activation_recomputed || recompute == Recompute::Selective;
+        let kept = if recomputed { mlp.matrices() - 1 } else { mlp.matrices() };
         (kept * mlp.intermediate_size) as f64 + d
     };
     let mut a = ActivationTerms {
@@ -384,11 +385,11 @@ fn layer_activations(
     match (kind, &spec.moe) {
         (LayerKind::Moe, Some(moe)) => {
             let k = moe.top_k as f64;
-            a.routed_experts = e * t * k * mlp(&moe.expert) * cfg.expert_imbalance;
-            a.shared_experts = e * t * moe.num_shared_experts as f64 * mlp(&moe.shared_expert());
+            a.routed_experts = e * t * k * mlp(&moe.expert, cfg.expert_activation_recomputed) * cfg.expert_imbalance;
+            a.shared_experts = e * t * moe.num_shared_experts as f64 * mlp(&moe.shared_expert(), false);
             a.router = 4.0 * t * moe.num_experts as f64 + 12.0 * t * k;
         }
-        _ => a.dense_mlp = spec.dense_mlp.as_ref().map_or(0.0, |m| e * t * mlp(m)),
+        _ => a.dense_mlp = spec.dense_mlp.as_ref().map_or(0.0, |m| e * t * mlp(m, false)),
     }
     a
 }
@@ -419,6 +420,25 @@ mod tests {
         let mix = preset("mixtral-8x7b").unwrap();
         let a = layer_activations(&mix, LayerKind::Moe, &c, 2.0, Recompute::None);
         assert_eq!(a.routed_experts, 2.0 * b * s * 2.0 * (3.0 * 14336.0 + 4096.0));
+    }
+
+    /// A routed-experts op that recomputes its activation holds `(m − 1)·f + d` per routed row (as
+    /// selective recompute prices it), and nothing else changes: the shared experts and the attention
+    /// are held as before.
+    #[test]
+    fn experts_that_recompute_their_activation_hold_one_f_less_per_routed_row() {
+        let spec = preset("deepseek-v2").unwrap(); // routed and shared experts
+        let moe = spec.moe.clone().unwrap();
+        let (b, s, f, k) = (2.0, 4096.0, moe.expert.intermediate_size as f64, moe.top_k as f64);
+        let held = layer_activations(&spec, LayerKind::Moe, &cfg(1), 2.0, Recompute::None);
+        let c = TrainConfig { expert_activation_recomputed: true, ..cfg(1) };
+        let recomputed = layer_activations(&spec, LayerKind::Moe, &c, 2.0, Recompute::None);
+        assert_eq!(held.routed_experts - recomputed.routed_experts, 2.0 * b * s * k * f);
+        assert_eq!(ActivationTerms { routed_experts: held.routed_experts, ..recomputed }, held);
+        let selective = layer_activations(&spec, LayerKind::Moe, &cfg(1), 2.0, Recompute::Selective);
+        assert_eq!(recomputed.routed_experts, selective.routed_experts);
+        let both = layer_activations(&spec, LayerKind::Moe, &c, 2.0, Recompute::Selective);
+        assert_eq!(both, selective, "selective recompute already recomputes it");
     }
 
     #[test]

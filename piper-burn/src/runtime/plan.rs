@@ -44,9 +44,10 @@ impl LayoutFlags {
 }
 
 /// The planner's view of a run: f32 weights, gradients and AdamW moments (4 + 4 + 8 bytes per
-/// parameter), `recompute` (none or full), and flash attention: the runtime's fused causal attention
-/// keeps each row's log-sum-exp for the backward, not the `s × s` scores
-/// (`kernels_cubecl::causal_attention`).
+/// parameter), `recompute` (none or full), flash attention (the runtime's fused causal attention keeps
+/// each row's log-sum-exp for the backward, not the `s × s` scores: `kernels_cubecl::causal_attention`)
+/// and routed experts that recompute their activation (`kernels_cubecl::routed_experts` keeps the gate
+/// and up projections and its output rows).
 fn train_config(
     seq_len: u64,
     micro_batch_size: u64,
@@ -64,6 +65,7 @@ fn train_config(
         grad_bytes: 4.0,
         optimizer_bytes: 8.0,
         flash_attention: true,
+        expert_activation_recomputed: true,
         ..TrainConfig::new(seq_len)
     }
 }

@@ -110,8 +110,9 @@ pub fn profiled_run(
 }
 
 /// A one-rank run's largest peak RSS against what the model counts for it on `base` (16 configured
-/// bytes per parameter in fp32, factors 1, attention keeping its log-sum-exp as the runtime's does):
-/// parameters, and one micro-batch's layer activations and logits, with the micro-batches it holds.
+/// bytes per parameter in fp32, factors 1, attention keeping its log-sum-exp and routed experts
+/// recomputing their activation, as the runtime's do): parameters, and one micro-batch's layer
+/// activations and logits, with the micro-batches it holds.
 pub fn memory_point(summary: &RunSummary, spec: &ModelSpec, base: &Platform, run: &ProfileRun) -> Result<MemoryPoint> {
     let cfg = TrainConfig {
         micro_batch_size: run.batch / run.micro_batches,
@@ -123,6 +124,7 @@ pub fn memory_point(summary: &RunSummary, spec: &ModelSpec, base: &Platform, run
         grad_bytes: 4.0,
         optimizer_bytes: 8.0,
         flash_attention: true,
+        expert_activation_recomputed: true,
         ..TrainConfig::new(run.seq)
     };
     let layout = Layout { pp: 1, ep: 1, dp: 1 };

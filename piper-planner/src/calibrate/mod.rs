@@ -171,11 +171,12 @@ type OneRankRuns = (Vec<ProfiledRun>, Vec<(u64, MemoryPoint)>);
 /// Every step run at every thread count (copies at once), profiled, in [`PROFILE_ROUNDS`] interleaved
 /// rounds, each round a row of the fit (the machine's speed drifts between rounds; the fit takes their
 /// middle, as a run's median step does). The memory points of the last round's runs on every core,
-/// which run [`memory_steps`], each with its rank's threads. Memory is fitted on every core only: a
-/// fit per thread count prices one-thread data-parallel and GPipe ranks within 1–14% (from +6–34% over)
-/// but the expert-parallel ranks 11–22% under, since the model does not yet count the exchange path's
-/// buffers (which the fit on every core happens to absorb), and a planner that under-counts memory
-/// offers plans that do not fit.
+/// which run [`memory_steps`], each with its rank's threads. Memory is fitted on every core only, and a
+/// planner that under-counts memory offers plans that do not fit: the one-thread runs' peaks (8 steps,
+/// within 0.3 MiB of each other) fitted per thread count priced one-thread ranks of 30-step runs 15%
+/// under in the median, 26% at worst (Intel Xeon 6/167), and the expert-parallel ranks under wherever
+/// it was tried, as the model does not count the exchange path's buffers (which the fit on every core
+/// absorbs).
 fn profile_one_rank(s: &Settings, w: &Workers, threads: &[u64], base: &Platform) -> Result<OneRankRuns> {
     let summary =
         |i: usize, t: u64, copy: u64, round: usize| s.work.join(format!("summary-{i}-{t}-{copy}-{round}.json"));

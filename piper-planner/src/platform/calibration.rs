@@ -150,6 +150,7 @@ pub fn with_runtime(
         }),
         train_dtype: Some("fp32".into()),
         flash_attention: Some(true),
+        expert_activation_recomputed: Some(true),
         refinement: None,
         ..base
     };

@@ -63,6 +63,10 @@ pub struct Platform {
     /// scores are held for the backward, and the planner prices every plan so (`--no-flash-attention`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flash_attention: Option<bool>,
+    /// Whether the platform's runtime recomputes the routed experts' activation in their backward
+    /// instead of holding it (absent: no; Piper's fused routed-experts op does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_activation_recomputed: Option<bool>,
     /// Measured ÷ predicted of the runs in the history (`piper calibrate --refine`); absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refinement: Option<super::refinement::Refinement>,

@@ -119,6 +119,7 @@ impl TrainArgs {
             optimizer_bytes: self.optimizer_bytes.unwrap_or(optimizer),
             zero1: self.zero1,
             flash_attention: !self.no_flash_attention && platform.flash_attention.unwrap_or(true),
+            expert_activation_recomputed: platform.expert_activation_recomputed.unwrap_or(false),
             expert_imbalance: self.expert_imbalance,
             ..TrainConfig::new(self.seq_len)
         }
