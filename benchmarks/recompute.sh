@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# What full activation recompute buys and costs, measured against what the planner predicts: each model
-# (MODELS) and layout trains STEPS steps under mpirun with `--recompute none` and `--recompute full`,
+# What activation recompute buys and costs, measured against what the planner predicts: each model
+# (MODELS) and layout trains STEPS steps under mpirun with `--recompute none` and each mode of MODES
+# (default `full`; `selective`, `full selective`),
 # REPEATS rounds interleaved (every run once per round). Per model and layout: the peak RSS of the largest
 # rank and the median step time of each mode (medians over the rounds), the memory recompute saves
 # measured and predicted, and the time it costs measured and predicted, the predictions those the run
@@ -8,7 +9,8 @@
 # Writes OUT.jsonl (one line per model, layout and mode) and OUT.json (the saving and cost per model and
 # layout); OUT defaults to benchmarks/results/recompute.
 #
-#   [REPEATS=3] [PLATFORM=FILE] [MODELS="a.json b.json"] [OUT=PREFIX] benchmarks/recompute.sh [STEPS]
+#   [REPEATS=3] [PLATFORM=FILE] [MODELS="a.json b.json"] [MODES="full selective"] [OUT=PREFIX] \
+#       benchmarks/recompute.sh [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-20}
@@ -29,7 +31,12 @@ seq=255
 read -r -a models <<<"${MODELS:-benchmarks/configs/heldout3-mixtral.json benchmarks/configs/heldout3-deepseek.json benchmarks/configs/mixtral-mid.json}"
 # ranks pp ep dp micro-batches schedule
 layouts=("1 1 1 1 2 1f1b" "2 1 2 1 1 1f1b" "2 2 1 1 4 gpipe")
-modes=(none full)
+read -r -a recomputing <<<"${MODES:-full}"
+for mode in "${recomputing[@]}"; do
+    [[ $mode == full || $mode == selective ]] ||
+        { echo "error: MODES holds 'full' and/or 'selective'; got '$mode'" >&2; exit 2; }
+done
+modes=(none "${recomputing[@]}")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 prefix=${OUT:-benchmarks/results/recompute}
@@ -76,22 +83,25 @@ python3 - "$prefix.jsonl" "$prefix.json" "$platform" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 out = []
+mib = 2.0 ** 20
 for none in (r for r in rows if r["recompute"] == "none"):
     key = {k: none[k] for k in ("model", "ranks", "pp", "ep", "dp", "micro_batches", "schedule")}
-    full = next(r for r in rows if r["recompute"] == "full" and all(r[k] == v for k, v in key.items()))
-    mib = 2.0 ** 20
-    saved = {w: (none["peak_memory_bytes"][w] - full["peak_memory_bytes"][w]) / mib for w in ("measured", "predicted")}
-    cost = {w: full["step_time_s"][w] / none["step_time_s"][w] - 1 for w in ("measured", "predicted")}
-    same_loss = full["loss"] == none["loss"]
-    out.append({**key, "memory_saved_mib": saved, "saved_error": saved["predicted"] / saved["measured"] - 1
-                if saved["measured"] > 0 else None, "time_cost": cost, "same_losses": same_loss,
-                "peak_mib": {"none": none["peak_memory_bytes"]["measured"] / mib, "full": full["peak_memory_bytes"]["measured"] / mib}})
-    print("%-18s R=%d PP=%d EP=%d M=%d %-5s peak %6.1f → %6.1f MiB: saved %6.1f MiB, predicted %6.1f (%s); "
-          "time +%5.1f%%, predicted +%5.1f%%; losses %s" % (
-        key["model"], key["ranks"], key["pp"], key["ep"], key["micro_batches"], key["schedule"],
-        out[-1]["peak_mib"]["none"], out[-1]["peak_mib"]["full"], saved["measured"], saved["predicted"],
-        "%+.0f%%" % (100 * out[-1]["saved_error"]) if out[-1]["saved_error"] is not None else "n/a",
-        100 * cost["measured"], 100 * cost["predicted"], "equal" if same_loss else "DIFFER"), file=sys.stderr)
+    for kept in (r for r in rows if r["recompute"] != "none" and all(r[k] == v for k, v in key.items())):
+        mode = kept["recompute"]
+        saved = {w: (none["peak_memory_bytes"][w] - kept["peak_memory_bytes"][w]) / mib for w in ("measured", "predicted")}
+        cost = {w: kept["step_time_s"][w] / none["step_time_s"][w] - 1 for w in ("measured", "predicted")}
+        same_loss = kept["loss"] == none["loss"]
+        out.append({**key, "recompute": mode, "memory_saved_mib": saved,
+                    "saved_error": saved["predicted"] / saved["measured"] - 1 if saved["measured"] > 0 else None,
+                    "time_cost": cost, "same_losses": same_loss,
+                    "peak_mib": {"none": none["peak_memory_bytes"]["measured"] / mib,
+                                 mode: kept["peak_memory_bytes"]["measured"] / mib}})
+        print("%-18s R=%d PP=%d EP=%d M=%d %-5s %-9s peak %6.1f → %6.1f MiB: saved %6.1f MiB, predicted %6.1f (%s); "
+              "time %+5.1f%%, predicted %+5.1f%%; losses %s" % (
+            key["model"], key["ranks"], key["pp"], key["ep"], key["micro_batches"], key["schedule"], mode,
+            out[-1]["peak_mib"]["none"], out[-1]["peak_mib"][mode], saved["measured"], saved["predicted"],
+            "%+.0f%%" % (100 * out[-1]["saved_error"]) if out[-1]["saved_error"] is not None else "n/a",
+            100 * cost["measured"], 100 * cost["predicted"], "equal" if same_loss else "DIFFER"), file=sys.stderr)
 errs = [abs(o["saved_error"]) for o in out if o["saved_error"] is not None]
 summary = {"platform": sys.argv[3], "runs": out,
            "saved_error_median": statistics.median(errs) if errs else None, "saved_error_max": max(errs) if errs else None}

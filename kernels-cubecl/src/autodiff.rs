@@ -34,6 +34,26 @@ impl<B: MoeBackend> Backward<B, 2> for SwigluBackward {
     }
 }
 
+/// [`MoeBackend::swiglu_down`]'s backward; the state is `(g, u, w)`, not their product.
+#[derive(Debug)]
+struct SwigluDownBackward;
+
+impl<B: MoeBackend> Backward<B, 3> for SwigluDownBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [node_g, node_u, node_w] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        let (g, u, w) = ops.state;
+        let (dg, du, dw) = B::swiglu_down_backward(dy, g, u, w);
+        for (node, grad) in [(node_g, dg), (node_u, du), (node_w, dw)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 struct PermuteRowsBackward;
 
@@ -189,6 +209,19 @@ impl<B: MoeBackend, C: CheckpointStrategy> MoeBackend for Autodiff<B, C> {
                 prep.finish((gate, up), h)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::swiglu(gate, up)),
+        }
+    }
+
+    fn swiglu_down(g_rf: FloatTensor<Self>, u_rf: FloatTensor<Self>, w_fn: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (g, g_node) = g_rf.into_parts();
+        let (u, u_node) = u_rf.into_parts();
+        let (w, w_node) = w_fn.into_parts();
+        match SwigluDownBackward.prepare::<C>([g_node, u_node, w_node]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let y = B::swiglu_down(g.clone(), u.clone(), w.clone());
+                prep.finish((g, u, w), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::swiglu_down(g, u, w)),
         }
     }
 

@@ -139,6 +139,28 @@ pub trait MoeBackend: burn::backend::Backend {
         (d_gate, Self::float_mul(grad_h, silu))
     }
 
+    /// A SwiGLU MLP's down projection from its gate and up projections: `y_rn = (silu(g_rf) ⊙ u_rf) · w_fn`,
+    /// [`Self::swiglu`] then the product of `crate::FusedBackend::dense_linear` (same values). Under
+    /// `Autodiff` it holds `g` and `u` but not their product, which its backward recomputes (selective
+    /// activation recompute).
+    fn swiglu_down(g_rf: FloatTensor<Self>, u_rf: FloatTensor<Self>, w_fn: FloatTensor<Self>) -> FloatTensor<Self> {
+        crate::fused::generic::linear::<Self>(Self::swiglu(g_rf, u_rf), w_fn)
+    }
+
+    /// Backward of [`Self::swiglu_down`] from `dy_rn`, `silu(g) ⊙ u` recomputed: `(dg_rf, du_rf, dw_fn)`.
+    fn swiglu_down_backward(
+        dy_rn: FloatTensor<Self>,
+        g_rf: FloatTensor<Self>,
+        u_rf: FloatTensor<Self>,
+        w_fn: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let h_rf = Self::swiglu(g_rf.clone(), u_rf.clone());
+        let dw_fn = crate::fused::generic::linear_backward_w::<Self>(dy_rn.clone(), h_rf);
+        let dh_rf = crate::fused::generic::linear_backward_x::<Self>(dy_rn, w_fn);
+        let (dg_rf, du_rf) = Self::swiglu_backward(g_rf, u_rf, dh_rf);
+        (dg_rf, du_rf, dw_fn)
+    }
+
     /// Dispatch permute: `out_pd[i] = x_td[token_p[i]]`; `row_tk` (the inverse map) is for the backward.
     fn permute_rows(x_td: FloatTensor<Self>, token_p: IntTensor<Self>, row_tk: IntTensor<Self>) -> FloatTensor<Self> {
         generic::permute_rows::<Self>(x_td, token_p, row_tk)

@@ -52,8 +52,8 @@ pub use fused::{
 pub use reference::{
     adamw_step_reference, causal_attention_reference, combine_rows_reference, concat_heads_reference,
     cross_entropy_reference, grouped_swiglu_reference, linear_reference, permute_rows_reference, rms_norm_reference,
-    rotary_reference, routed_experts_reference, square_sum_reference, swiglu_reference, topk_sigmoid_reference,
-    topk_softmax_reference,
+    rotary_reference, routed_experts_reference, square_sum_reference, swiglu_down_reference, swiglu_reference,
+    topk_sigmoid_reference, topk_softmax_reference,
 };
 
 /// Where each permuted row comes from and goes back to: the `t · k` (token, slot) pairs in the
@@ -98,6 +98,35 @@ impl RowMap {
 pub fn swiglu<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
     assert_eq!(gate.dims(), up.dims(), "swiglu: gate and up must have the same shape");
     Tensor::from_dispatch(Dispatch::swiglu(gate.into_dispatch(), up.into_dispatch()))
+}
+
+/// A SwiGLU MLP's down projection from its gate and up projections, `(silu(gate) ⊙ up) · w_down_fn`: the
+/// values of `linear(swiglu(gate, up), w_down_fn, None)`, but under autodiff it holds `gate` and `up` and
+/// not their product, which the backward recomputes (selective activation recompute: one element-wise
+/// pass for `f` fewer values per row).
+///
+/// # Shapes
+/// - `gate`, `up`: `[..., f]`, `w_down_fn`: `[f, n]` → `[..., n]`
+///
+/// # Panics
+/// If `gate` and `up` differ in shape or do not end in the weight's `f`.
+pub fn swiglu_down<const D: usize>(gate: Tensor<D>, up: Tensor<D>, w_down_fn: Tensor<2>) -> Tensor<D> {
+    let dims = gate.dims();
+    let [f, n] = w_down_fn.dims();
+    assert!(
+        dims == up.dims() && D >= 1 && dims[D - 1] == f,
+        "swiglu_down: gate {dims:?} and up {:?} must have the same shape, ending in the weight's input width {f}",
+        up.dims()
+    );
+    let rows = dims[..D - 1].iter().product();
+    let y_rn = Dispatch::swiglu_down(
+        gate.reshape([rows, f]).into_dispatch(),
+        up.reshape([rows, f]).into_dispatch(),
+        w_down_fn.into_dispatch(),
+    );
+    let mut out = dims;
+    out[D - 1] = n;
+    Tensor::<2>::from_dispatch(y_rn).reshape(out)
 }
 
 /// Dispatch permute: `out_pd[i] = x_td[map.token_p[i]]`.

@@ -29,6 +29,14 @@ pub fn combine_rows_reference(
 }
 
 /// Grouped SwiGLU experts: rows `[off_e, off_e + counts_e[e])` of `x_pd` go through expert e:
+/// `(silu(gate) ⊙ up) · w_down_fn` on Burn's tensor ops.
+///
+/// # Shapes
+/// - `gate`, `up`: `[..., f]`, `w_down_fn`: `[f, n]` → `[..., n]`
+pub fn swiglu_down_reference<const D: usize>(gate: Tensor<D>, up: Tensor<D>, w_down_fn: Tensor<2>) -> Tensor<D> {
+    linear_reference(swiglu_reference(gate, up), w_down_fn, None)
+}
+
 /// `(silu(x · gate_e) ⊙ (x · up_e)) · down_e`.
 pub fn grouped_swiglu_reference(
     x_pd: Tensor<2>,

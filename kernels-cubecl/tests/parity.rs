@@ -59,6 +59,35 @@ fn swiglu_case(device: &Device, rows: usize, cols: usize) {
     close("swiglu grad up", &fast.2, &reference.2);
 }
 
+/// The recomputing down projection against its reference, and bit for bit against the two ops it fuses
+/// (`linear(swiglu(g, u), w)`, which holds the product): output and every gradient.
+fn swiglu_down_case(device: &Device, [b, s, f, n]: [usize; 4]) {
+    let (g, u, w) = (random([b, s, f], 2.0, 91), random([b, s, f], 1.0, 92), random([f, n], 0.3, 93));
+    let probe = random([b, s, n], 1.0, 94);
+    let run = |dev: &Device, how: usize| {
+        let g = Tensor::<3>::from_data(g.clone(), dev).require_grad();
+        let u = Tensor::<3>::from_data(u.clone(), dev).require_grad();
+        let w = Tensor::<2>::from_data(w.clone(), dev).require_grad();
+        let y = match how {
+            0 => swiglu_down(g.clone(), u.clone(), w.clone()),
+            1 => linear(swiglu(g.clone(), u.clone()), w.clone(), None),
+            _ => swiglu_down_reference(g.clone(), u.clone(), w.clone()),
+        };
+        let grads = (y.clone() * Tensor::from_data(probe.clone(), dev)).sum().backward();
+        let grad = |t: Tensor<3>| values(t.grad(&grads).unwrap());
+        [values(y), grad(g), grad(u), values(w.grad(&grads).unwrap())]
+    };
+    let (fast, held, reference) = (run(device, 0), run(device, 1), run(&reference_device(), 2));
+    let what = format!("swiglu_down {b}x{s}x{f}->{n}");
+    for (i, part) in ["output", "grad gate", "grad up", "grad w_down"].iter().enumerate() {
+        close(&format!("{what} {part}"), &fast[i], &reference[i]);
+        assert!(
+            fast[i].len() == held[i].len() && fast[i].iter().zip(&held[i]).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what} {part}: differs from linear(swiglu(g, u)), which holds the product"
+        );
+    }
+}
+
 /// Token t's k distinct experts, stably sorted by expert → the slot of each permuted row.
 fn routing(t: usize, k: usize, e: usize, seed: u64) -> Vec<usize> {
     routing_with_counts(t, k, e, seed).0
@@ -482,6 +511,7 @@ fn all_cases(device: &Device) {
     cross_entropy_case(device, 13, 37);
     cross_entropy_case(device, 3, 1000);
     swiglu_case(device, 6, 37);
+    swiglu_down_case(device, [2, 5, 12, 7]);
     permute_combine_case(device, 9, 2, 5);
     permute_combine_case(device, 4, 1, 3);
     permute_combine_case(device, 7, 4, 4);
@@ -525,6 +555,7 @@ fn every_op_matches_its_reference_on_the_cpu() {
 fn large_shapes_match_on_the_cpu() {
     let device = Device::flex().autodiff();
     swiglu_case(&device, 300, 129);
+    swiglu_down_case(&device, [4, 48, 160, 96]);
     permute_combine_case_sized(&device, 300, 2, 8, 70);
     grouped_case_sized(&device, &[150, 0, 7, 310], 96, 256);
     // Few experts with large GEMMs: on Flex several row blocks per expert, and each weight gradient cut

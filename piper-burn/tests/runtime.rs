@@ -188,9 +188,11 @@ fn losses_and_norms(metrics: &[StepMetrics]) -> Vec<(f64, f64)> {
 /// and gradient norms are those without recompute bit for bit (Mixtral- and Qwen3-style models); on PP ×
 /// EP layouts (the all-to-alls run again in the recompute, on both schedules) within 1e-6 of the same
 /// layout without it. The DeepSeek-style preset (dense first layer, shared expert, grouped sigmoid
-/// routing) drifts by about one rounding from the second step on: within 1e-6.
+/// routing) drifts by about one rounding from the second step on: within 1e-6. Selective recompute
+/// (the dense MLPs' and shared experts' `silu(gate) ⊙ up` recomputed) runs the same ops in the same
+/// order: bit for bit everywhere, the DeepSeek-style preset included.
 #[test]
-fn full_recompute_gives_the_same_training() {
+fn recompute_gives_the_same_training() {
     let run = config().with_steps(6);
     let single = |name: &str, recompute| {
         let spec = preset(name).unwrap();
@@ -202,29 +204,29 @@ fn full_recompute_gives_the_same_training() {
         losses_and_norms(&execute_preset(name, &world, &plan, &run, 1, false).unwrap().metrics)
     };
     for name in ["tiny", "tiny-qwen3"] {
-        assert_eq!(
-            single(name, Recompute::Full),
-            single(name, Recompute::None),
-            "{name}: (loss, gradient norm) per step"
-        );
+        let none = single(name, Recompute::None);
+        assert_eq!(single(name, Recompute::Full), none, "{name}: (loss, gradient norm) per step, full");
+        assert_eq!(single(name, Recompute::Selective), none, "{name}: (loss, gradient norm) per step, selective");
     }
     let flat = |v: Vec<(f64, f64)>| v.into_iter().flat_map(|(l, n)| [l, n]).collect::<Vec<f64>>();
-    let deepseek = [Recompute::None, Recompute::Full].map(|r| flat(single("tiny-deepseek", r)));
+    let deepseek = [Recompute::None, Recompute::Full, Recompute::Selective].map(|r| flat(single("tiny-deepseek", r)));
     let worst = assert_close("tiny-deepseek full recompute", &deepseek[1], &deepseek[0], 1e-6);
     eprintln!("tiny-deepseek, one process: full recompute vs none, worst relative difference {worst:e}");
+    assert_eq!(deepseek[2], deepseek[0], "tiny-deepseek: selective recompute changes nothing");
     for base in [
         flags(2, 2, 1, 2, Schedule::OneFOneB, A2aAlgo::Flat),
         flags(2, 2, 1, 2, Schedule::GPipe, A2aAlgo::Flat),
         flags(1, 4, 1, 1, Schedule::OneFOneB, A2aAlgo::Pairwise),
     ] {
         let ranks = base.layout.gpus() as usize;
-        let [kept, recomputed] = [Recompute::None, Recompute::Full].map(|recompute| {
+        let [kept, recomputed, selective] = [Recompute::None, Recompute::Full, Recompute::Selective].map(|recompute| {
             let plan = plan_for(&LayoutFlags { recompute, ..base.clone() }, ranks, &run).unwrap();
             let rank0 = LocalWorld::run(ranks, |c| losses_and_norms(&train(&c, &plan, &run, 2).unwrap())).remove(0);
             rank0.into_iter().flat_map(|(l, n)| [l, n]).collect::<Vec<f64>>()
         });
         let worst = assert_close(&format!("{:?} full recompute", base), &recomputed, &kept, 1e-6);
         eprintln!("{:?} {:?}: full recompute vs none, worst relative difference {worst:e}", base.layout, base.schedule);
+        assert_eq!(selective, kept, "{:?} {:?}: selective recompute", base.layout, base.schedule);
     }
 }
 
@@ -258,9 +260,6 @@ fn plans_that_do_not_fit_the_run_are_refused_naming_the_field() {
     let mut other = plan.clone();
     other.model = "tiny-qwen3".into();
     assert!(refusal(&other, &run, 2).contains("`model` is `tiny-qwen3` but the run trains `tiny`"));
-    let mut recompute = plan.clone();
-    recompute.recompute = Recompute::Selective;
-    assert!(refusal(&recompute, &run, 2).contains("recomputes whole layers (`full`) or nothing"));
     let mut bf16 = plan.clone();
     bf16.dtype = "bf16".into();
     assert!(refusal(&bf16, &run, 2).contains("trains in fp32"));

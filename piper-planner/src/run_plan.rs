@@ -14,19 +14,12 @@ use crate::planner::PlanCandidate;
 pub const RUN_PLAN_VERSION: u32 = 1;
 
 /// Why the runtime (piper-burn) cannot execute a plan that trains in `dtype` with `recompute`, as the
-/// plan field and a message naming the fix; `None` when it can. The runtime trains in fp32 and keeps
-/// every activation or (full recompute) each layer's input; the planner still prices the other options
-/// (what they would buy), and `piper plan --out` writes only plans this accepts.
-pub fn runtime_refusal(dtype: &str, recompute: Recompute) -> Option<(&'static str, String)> {
+/// plan field and a message naming the fix; `None` when it can. The runtime trains in fp32, with every
+/// recompute mode; the planner still prices the other dtypes (what they would buy), and `piper plan --out`
+/// writes only plans this accepts.
+pub fn runtime_refusal(dtype: &str) -> Option<(&'static str, String)> {
     if dtype != "fp32" {
         return Some(("dtype", format!("is `{dtype}`; the runtime trains in fp32 — re-plan with --dtype fp32")));
-    }
-    if recompute == Recompute::Selective {
-        return Some((
-            "recompute",
-            "is `selective`; the runtime recomputes whole layers (`full`) or nothing — re-plan with --recompute full or none"
-                .into(),
-        ));
     }
     None
 }

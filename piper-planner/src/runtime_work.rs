@@ -100,6 +100,17 @@ pub fn layer_elements(spec: &ModelSpec, kind: LayerKind, tokens: f64) -> Element
     e
 }
 
+/// SwiGLU elements (`silu(gate) ⊙ up`) of one layer's dense MLP or shared experts per micro-batch: what
+/// selective recompute computes again in the backward (routed experts recompute theirs in any mode).
+pub fn dense_swiglu_elements(spec: &ModelSpec, kind: LayerKind, tokens: f64) -> f64 {
+    match (kind, &spec.moe) {
+        (LayerKind::Moe, Some(moe)) => {
+            tokens * moe.num_shared_experts as f64 * moe.shared_expert().intermediate_size as f64
+        }
+        _ => spec.dense_mlp.as_ref().map_or(0.0, |m| tokens * m.intermediate_size as f64),
+    }
+}
+
 /// The last stage's final norm and softmax-cross-entropy over the vocabulary, per micro-batch (the first
 /// stage's embedding lookup, one gather of `T·d`, is left out: it is below the noise).
 pub fn head_elements(spec: &ModelSpec, tokens: f64) -> Elements {

@@ -6,7 +6,8 @@
 //! Per layer and micro-batch on one rank (T tokens): forward compute = attention projections (GEMM
 //! efficiency at m = T), attention core (attention efficiency at s), routed experts (GEMM efficiency at
 //! m = T·k·EP/E tokens per local expert, × the expert-imbalance factor), shared experts and dense MLPs
-//! (m = T). Backward = 2 × forward; full recompute adds a forward, selective recompute the attention core.
+//! (m = T). Backward = 2 × forward; full recompute adds a forward; selective recompute adds the dense MLPs'
+//! and shared experts' SwiGLU forward and, unless attention is flash attention, the attention core.
 //! Each MoE layer adds 4 all-to-alls (dispatch and combine, forward and backward; 6 with full recompute)
 //! of T·k·d·e/EP bytes per peer. Communication is not overlapped with compute.
 
@@ -21,7 +22,7 @@ use crate::layout::{Layout, Recompute, StageSplit, TrainConfig};
 use crate::model::counts::{layer_params, mtp_module_params};
 use crate::model::{LayerKind, ModelSpec, training_flops_per_token};
 use crate::platform::{ClassWork, Platform};
-use crate::runtime_work::{head_elements, layer_elements};
+use crate::runtime_work::{dense_swiglu_elements, head_elements, layer_elements};
 use crate::schedule::{Simulation, simulate};
 
 /// Seconds per micro-batch of one layer on one rank.
@@ -199,7 +200,19 @@ impl<'a> CostModel<'a> {
             let fwd = total / 3.0;
             let (recompute_s, recompute_a2a) = match cfg.recompute {
                 Recompute::None => (0.0, 0.0),
-                Recompute::Selective => (attention, 0.0),
+                // Flash attention recomputes its scores in any mode; otherwise selective recomputes
+                // the attention core. Both recompute the dense MLPs' SwiGLU forward: a third of its
+                // measured forward + backward cost, or (not measured) its traffic, two elements read
+                // and one written per output element, at the memory bandwidth.
+                Recompute::Selective => {
+                    let scores_s = if cfg.flash_attention { 0.0 } else { attention };
+                    let swiglu = dense_swiglu_elements(spec, kind, t);
+                    let swiglu_s = match platform.runtime {
+                        Some(rc) => swiglu * rc.swiglu_ns * 1e-9 / 3.0,
+                        None => 3.0 * swiglu * e / (platform.memory_gbs * 1e9),
+                    };
+                    (scores_s + swiglu_s, 0.0)
+                }
                 Recompute::Full => (fwd, 2.0 * a2a_each),
             };
             Ok(LayerTime {
@@ -477,5 +490,30 @@ mod tests {
             assert!(close(shared.forward_s + shared.backward_s, want_busy), "{cores} cores: {shared:?}");
             assert!(close(shared.grad_reduce_s, want_reduce), "{cores} cores: {shared:?}");
         }
+    }
+
+    /// Selective recompute costs one SwiGLU forward of the dense and shared MLPs on top of flash
+    /// attention (a third of the measured SwiGLU cost per element), and the attention core without it.
+    #[test]
+    fn selective_recompute_costs_the_dense_swiglu_forward() {
+        let rc = crate::platform::RuntimeCosts::distinct_for_tests();
+        let platform = Platform { runtime: Some(rc), ..crate::platform::preset("local").unwrap() };
+        let layout = Layout { pp: 1, ep: 1, dp: 1 };
+        let backward = |name: &str, recompute, flash_attention| {
+            let spec = preset(name).unwrap();
+            let cfg = TrainConfig { recompute, flash_attention, dtype: "fp32".into(), ..TrainConfig::new(64) };
+            let model = CostModel::new(&spec, &platform, &layout, &cfg, A2aAlgo::Flat).unwrap();
+            model.stage(0, 0, spec.num_layers).backward_s
+        };
+        let spec = preset("tiny-deepseek").unwrap();
+        let swiglu: f64 = spec.layers.iter().map(|k| dense_swiglu_elements(&spec, *k, 64.0)).sum();
+        assert!(swiglu > 0.0, "tiny-deepseek has a dense layer and shared experts");
+        let extra =
+            backward("tiny-deepseek", Recompute::Selective, true) - backward("tiny-deepseek", Recompute::None, true);
+        let want = swiglu * rc.swiglu_ns * 1e-9 / 3.0;
+        assert!((extra - want).abs() <= 1e-9 * want, "{extra} vs {want}");
+        // Mixtral-style: no dense MLP, no shared expert — nothing more to recompute under flash attention.
+        assert_eq!(backward("tiny", Recompute::Selective, true), backward("tiny", Recompute::None, true));
+        assert!(backward("tiny", Recompute::Selective, false) > backward("tiny", Recompute::None, false));
     }
 }

@@ -37,6 +37,7 @@ pub(crate) mod simd;
 mod transpose;
 
 use crate::backend::{MoeBackend, generic};
+use crate::fused::FusedBackend;
 use crate::grouped::{grouped_backward, grouped_forward};
 use crate::profile;
 use experts::{swiglu_backward_rows, swiglu_rows};
@@ -199,6 +200,23 @@ impl MoeBackend for Flex {
         let mut du = vec![0f32; g.len()];
         swiglu_backward_rows(&g, &u, &mut dg, &mut du, None, last_dim(&shape));
         (FlexTensor::from_data(TensorData::new(dg, shape.clone())), FlexTensor::from_data(TensorData::new(du, shape)))
+    }
+
+    fn swiglu_down(g_rf: FloatTensor<Self>, u_rf: FloatTensor<Self>, w_fn: FloatTensor<Self>) -> FloatTensor<Self> {
+        <Self as FusedBackend>::dense_linear(Self::swiglu(g_rf, u_rf), w_fn)
+    }
+
+    fn swiglu_down_backward(
+        dy_rn: FloatTensor<Self>,
+        g_rf: FloatTensor<Self>,
+        u_rf: FloatTensor<Self>,
+        w_fn: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let h_rf = Self::swiglu(g_rf.clone(), u_rf.clone());
+        let dw_fn = <Self as FusedBackend>::dense_linear_backward_w(dy_rn.clone(), h_rf);
+        let dh_rf = <Self as FusedBackend>::dense_linear_backward_x(dy_rn, w_fn);
+        let (dg_rf, du_rf) = Self::swiglu_backward(g_rf, u_rf, dh_rf);
+        (dg_rf, du_rf, dw_fn)
     }
 
     fn permute_rows(x_td: FloatTensor<Self>, token_p: IntTensor<Self>, row_tk: IntTensor<Self>) -> FloatTensor<Self> {

@@ -7,6 +7,7 @@ use burn::prelude::*;
 
 use crate::layers::fused::linear;
 use crate::layers::init::normal_linear;
+use crate::layers::recompute;
 
 #[derive(Config, Debug)]
 pub struct MlpConfig {
@@ -32,10 +33,16 @@ impl MlpConfig {
 }
 
 impl Mlp {
+    /// Under a [`SelectiveRecompute`](crate::layers::recompute::SelectiveRecompute) scope the backward
+    /// recomputes `silu(gate) ⊙ up` instead of holding it (same values).
+    ///
     /// # Shapes
     /// - `x`: `[..., d]` → `[..., d]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let hidden = kernels_cubecl::swiglu(linear(&self.gate_proj, x.clone()), linear(&self.up_proj, x));
-        linear(&self.down_proj, hidden)
+        let (gate, up) = (linear(&self.gate_proj, x.clone()), linear(&self.up_proj, x));
+        match &self.down_proj.bias {
+            None if recompute::selective() => kernels_cubecl::swiglu_down(gate, up, self.down_proj.weight.val()),
+            _ => linear(&self.down_proj, kernels_cubecl::swiglu(gate, up)),
+        }
     }
 }

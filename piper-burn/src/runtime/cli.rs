@@ -134,7 +134,8 @@ pub struct RunArgs {
     pub all_to_all: String,
     /// Activation recompute: `none` keeps every activation for the backward; `full` keeps each decoder
     /// layer's input and recomputes the layer (its all-to-alls included) in the backward — less memory
-    /// for about one more forward. `selective` is priced by the planner but not run.
+    /// for about one more forward; `selective` keeps all but the dense MLPs' and shared experts'
+    /// `silu(gate) ⊙ up`, recomputed in their backward (one element-wise pass).
     #[arg(long, value_parser = ["none", "selective", "full"], default_value = "none")]
     pub recompute: String,
     /// Expert migration: `plan` follows the plan's policy (`--plan auto` and layout flags get the

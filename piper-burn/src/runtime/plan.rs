@@ -130,22 +130,19 @@ pub fn plan_from_flags(
         flags.schedule,
         flags.recompute,
     );
-    if let Some((_, why)) = runtime_refusal("fp32", flags.recompute) {
-        return Err(RuntimeError::invalid("recompute", why));
-    }
     let candidate = price(spec, platform, &l, &cfg, flags.all_to_all, &split)?;
     Ok(RunPlan::from_candidate(spec, &platform.name, run.seq_len as u64, "fp32", &candidate))
 }
 
 /// `--plan auto`: the planner's best layout for `ranks` ranks among those the runtime executes (any PP ×
-/// EP × DP, micro-batch count and schedule, f32, no recompute or full recompute).
+/// EP × DP, micro-batch count, schedule and recompute mode, f32).
 pub fn plan_auto(spec: &ModelSpec, platform: &Platform, run: &RunConfig, ranks: usize) -> Result<RunPlan> {
     run.validate()?;
     let mut req = PlanRequest::new(ranks as u64, run.global_batch as u64, run.seq_len as u64);
     let base = train_config(run.seq_len as u64, 1, 1, Schedule::OneFOneB, Recompute::None);
     req.base = base;
     req.schedules = vec![Schedule::OneFOneB, Schedule::GPipe];
-    req.recomputes = vec![Recompute::None, Recompute::Full];
+    req.recomputes = vec![Recompute::None, Recompute::Selective, Recompute::Full];
     req.algos = vec![A2aAlgo::Flat, A2aAlgo::Halo];
     req.ep_domain = EpDomain::Any;
     req.micro_batch_sizes =
@@ -208,7 +205,7 @@ pub fn check_plan(plan: &RunPlan, spec: &ModelSpec, run: &RunConfig, ranks: usiz
             format!("is {} but the job has {ranks} ranks; launch with mpirun -np {}", plan.gpus, plan.gpus),
         ));
     }
-    if let Some((field, why)) = runtime_refusal(&plan.dtype, plan.recompute) {
+    if let Some((field, why)) = runtime_refusal(&plan.dtype) {
         return Err(RuntimeError::invalid(format!("plan: `{field}`"), why));
     }
     if plan.num_micro_batches as usize > MAX_MICRO_BATCHES {

@@ -20,6 +20,7 @@ use super::error::{Result, RuntimeError, host_f32};
 use super::grads::{accumulate, clip_global_norm, parameters, reduce_gradients};
 use super::optim::AdamW;
 use super::profile;
+use crate::layers::recompute::SelectiveRecompute;
 use crate::model::StageModel;
 use crate::moe::dispatcher::{SharedComm, TokenDispatcher};
 use crate::moe::losses::RouterLossWeights;
@@ -85,7 +86,8 @@ pub(crate) struct Stage<'a, M: StageModel> {
     pub dispatcher: Option<Arc<dyn TokenDispatcher>>,
     pub device: Device,
     pub grad_clip: f64,
-    /// What the forward keeps for the backward: every activation, or (full) each layer's input.
+    /// What the forward keeps for the backward: every activation, all but the MLPs' `silu(gate) ⊙ up`
+    /// (selective), or each layer's input (full).
     pub recompute: Recompute,
 }
 
@@ -251,6 +253,7 @@ impl<M: StageModel> Stage<'_, M> {
                 (out, moe, Some(kept))
             }
             _ => {
+                let _selective = SelectiveRecompute::enter(self.recompute == Recompute::Selective);
                 let (out, moe) = model.forward_stage(x);
                 (out, moe, None)
             }

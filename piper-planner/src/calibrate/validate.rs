@@ -128,7 +128,7 @@ fn runnable_plans(s: &ValidateSettings, platform: &Platform) -> Result<Vec<PlanC
     let plans: Vec<PlanCandidate> = report
         .plans
         .into_iter()
-        .filter(|c| runtime_refusal(&s.base.dtype, c.recompute).is_none())
+        .filter(|_| runtime_refusal(&s.base.dtype).is_none())
         .filter(|c| {
             let schedule = if c.pp > 1 { Some(c.schedule) } else { None };
             seen.insert((c.pp, c.ep, c.dp, c.micro_batch_size, c.num_micro_batches, schedule))

@@ -93,13 +93,13 @@ pub fn run(a: Args) -> Result<String> {
     let start = std::time::Instant::now();
     let report = plan(&spec, &platform, &req)?;
     let search_s = start.elapsed().as_secs_f64();
-    // The plan file holds the best plan the runtime executes (the table may rank others above it).
-    let runnable = report.plans.iter().position(|c| runtime_refusal(&base.dtype, c.recompute).is_none());
+    // The plan file holds the best plan, where the runtime executes it.
+    let runnable = report.plans.first().filter(|_| runtime_refusal(&base.dtype).is_none());
     if let (Some(path), None) = (&a.out, runnable) {
         return Err(nothing_to_write(path, &report, &base.dtype));
     }
-    if let (Some(path), Some(i)) = (&a.out, runnable) {
-        let run = RunPlan::from_candidate(&spec, &platform.name, a.train.seq_len, &base.dtype, &report.plans[i]);
+    if let (Some(path), Some(best)) = (&a.out, runnable) {
+        let run = RunPlan::from_candidate(&spec, &platform.name, a.train.seq_len, &base.dtype, best);
         let text = serde_json::to_string_pretty(&run).expect("json");
         piper_planner::atomic::write_atomic(path, text.as_bytes())
             .map_err(|e| piper_planner::Error::file(path.display().to_string(), format!("cannot write: {e}")))?;
@@ -161,10 +161,7 @@ pub fn run(a: Args) -> Result<String> {
                 c.micro_batch_size.to_string(),
                 c.num_micro_batches.to_string(),
                 c.schedule.name().into(),
-                match runtime_refusal(&base.dtype, c.recompute) {
-                    None => c.recompute.name().into(),
-                    Some(_) => format!("{} †", c.recompute.name()),
-                },
+                c.recompute.name().into(),
                 c.all_to_all.name().into(),
                 gib(c.peak_memory_bytes),
                 secs(c.step_time_s),
@@ -188,16 +185,11 @@ pub fn run(a: Args) -> Result<String> {
             outln!(out, "  {what}: {}", r.reason);
         }
     }
-    if report.plans.iter().any(|c| runtime_refusal(&base.dtype, c.recompute).is_some()) {
-        let why = report.plans.iter().find_map(|c| runtime_refusal(&base.dtype, c.recompute)).expect("some");
-        outln!(out, "† priced only, the runtime does not run it: `{}` {}", why.0, why.1);
+    if let Some((field, why)) = runtime_refusal(&base.dtype).filter(|_| !report.plans.is_empty()) {
+        outln!(out, "priced only, the runtime does not run these plans: `{field}` {why}");
     }
-    match (&a.out, runnable) {
-        (Some(path), Some(0)) => outln!(out, "plan written to {}", path.display()),
-        (Some(path), Some(i)) => {
-            outln!(out, "plan #{} (the best the runtime runs) written to {}", i + 1, path.display())
-        }
-        _ => {}
+    if let (Some(path), Some(_)) = (&a.out, runnable) {
+        outln!(out, "plan written to {}", path.display());
     }
     Ok(out)
 }
@@ -205,8 +197,8 @@ pub fn run(a: Args) -> Result<String> {
 /// `--out` when no plan can be written: an error (exit 2, the file left as it was) naming why.
 fn nothing_to_write(path: &std::path::Path, report: &PlanReport, dtype: &str) -> piper_planner::Error {
     let why = match (report.plans.first(), report.rejected.first()) {
-        (Some(c), _) => {
-            let (field, why) = runtime_refusal(dtype, c.recompute).expect("none runnable");
+        (Some(_), _) => {
+            let (field, why) = runtime_refusal(dtype).expect("none runnable");
             format!("no feasible plan is one the runtime runs (`{field}` {why})")
         }
         (None, Some(r)) => format!(
