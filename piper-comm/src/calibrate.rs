@@ -11,6 +11,7 @@ use crate::collectives::{all_gather, barrier};
 use crate::communicator::{Communicator, wait_all};
 use crate::launch::{host_cores, local_ranks, threads_per_rank};
 use crate::topology::Topology;
+use piper_planner::layout::{RUNTIME_EXPERT_ACTIVATION_RECOMPUTED, RUNTIME_FLASH_ATTENTION};
 use piper_planner::platform::{GemmTable, Link, Platform, Topology as PlatformTopology};
 
 /// Seconds per call of `f`, the best of `reps` after one warm-up.
@@ -255,8 +256,8 @@ pub fn measure_links(world: &dyn Communicator, topo: &Topology, name: &str) -> R
         step_costs: None,
         time_share_exponent: None,
         train_dtype: None,
-        flash_attention: Some(true),
-        expert_activation_recomputed: Some(true),
+        flash_attention: Some(RUNTIME_FLASH_ATTENTION),
+        expert_activation_recomputed: Some(RUNTIME_EXPERT_ACTIVATION_RECOMPUTED),
         refinement: None,
     };
     platform.validate().map_err(|e| format!("calibration produced an invalid platform: {e}"))?;

@@ -324,6 +324,41 @@ pub fn divisors(n: u64) -> Vec<u64> {
     low
 }
 
+/// The dtype Piper's runtime trains in.
+pub const RUNTIME_DTYPE: &str = "fp32";
+/// Piper's runtime runs flash attention on every backend: its fused causal attention keeps each row's
+/// log-sum-exp for the backward, not the `s × s` scores (`kernels_cubecl::causal_attention`).
+pub const RUNTIME_FLASH_ATTENTION: bool = true;
+/// Piper's routed experts recompute their activation in the backward: `kernels_cubecl::routed_experts`
+/// keeps the gate and up projections and its output rows.
+pub const RUNTIME_EXPERT_ACTIVATION_RECOMPUTED: bool = true;
+
+/// How Piper's runtime (piper-burn) trains, as the planner prices it — the one definition runtime plans,
+/// calibration's memory fit and calibrated platforms share: [`RUNTIME_DTYPE`] weights, gradients and
+/// AdamW moments (4 + 4 + 8 bytes per parameter), [`RUNTIME_FLASH_ATTENTION`] and
+/// [`RUNTIME_EXPERT_ACTIVATION_RECOMPUTED`], with the run's shape, schedule and recompute mode.
+pub fn runtime_train_config(
+    seq_len: u64,
+    micro_batch_size: u64,
+    num_micro_batches: u64,
+    schedule: Schedule,
+    recompute: Recompute,
+) -> TrainConfig {
+    TrainConfig {
+        micro_batch_size,
+        num_micro_batches,
+        schedule,
+        recompute,
+        dtype: RUNTIME_DTYPE.into(),
+        weight_bytes: 4.0,
+        grad_bytes: 4.0,
+        optimizer_bytes: 8.0,
+        flash_attention: RUNTIME_FLASH_ATTENTION,
+        expert_activation_recomputed: RUNTIME_EXPERT_ACTIVATION_RECOMPUTED,
+        ..TrainConfig::new(seq_len)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

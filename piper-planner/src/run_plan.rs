@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::comm::A2aAlgo;
 use crate::error::{Error, Result};
-use crate::layout::{Layout, Recompute, Schedule, StageSplit};
+use crate::layout::{Layout, RUNTIME_DTYPE, Recompute, Schedule, StageSplit};
 use crate::model::ModelSpec;
 use crate::planner::PlanCandidate;
 
@@ -18,8 +18,11 @@ pub const RUN_PLAN_VERSION: u32 = 1;
 /// recompute mode; the planner still prices the other dtypes (what they would buy), and `piper plan --out`
 /// writes only plans this accepts.
 pub fn runtime_refusal(dtype: &str) -> Option<(&'static str, String)> {
-    if dtype != "fp32" {
-        return Some(("dtype", format!("is `{dtype}`; the runtime trains in fp32 — re-plan with --dtype fp32")));
+    if dtype != RUNTIME_DTYPE {
+        return Some((
+            "dtype",
+            format!("is `{dtype}`; the runtime trains in {RUNTIME_DTYPE} — re-plan with --dtype {RUNTIME_DTYPE}"),
+        ));
     }
     None
 }

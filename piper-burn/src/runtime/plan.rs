@@ -4,7 +4,9 @@
 //! [`RunPlan`], which the executor runs.
 
 use piper_planner::comm::A2aAlgo;
-use piper_planner::layout::{Layout, Recompute, Schedule, StageSplit, TrainConfig};
+use piper_planner::layout::{
+    Layout, RUNTIME_DTYPE, Recompute, Schedule, StageSplit, TrainConfig, runtime_train_config,
+};
 use piper_planner::model::ModelSpec;
 use piper_planner::planner::{EpDomain, PlanRequest, plan, price};
 use piper_planner::platform::Platform;
@@ -43,36 +45,9 @@ impl LayoutFlags {
     }
 }
 
-/// The planner's view of a run: f32 weights, gradients and AdamW moments (4 + 4 + 8 bytes per
-/// parameter), `recompute` (none or full), flash attention (the runtime's fused causal attention keeps
-/// each row's log-sum-exp for the backward, not the `s × s` scores: `kernels_cubecl::causal_attention`)
-/// and routed experts that recompute their activation (`kernels_cubecl::routed_experts` keeps the gate
-/// and up projections and its output rows).
-fn train_config(
-    seq_len: u64,
-    micro_batch_size: u64,
-    micro_batches: u64,
-    schedule: Schedule,
-    recompute: Recompute,
-) -> TrainConfig {
-    TrainConfig {
-        micro_batch_size,
-        num_micro_batches: micro_batches,
-        schedule,
-        recompute,
-        dtype: "fp32".into(),
-        weight_bytes: 4.0,
-        grad_bytes: 4.0,
-        optimizer_bytes: 8.0,
-        flash_attention: true,
-        expert_activation_recomputed: true,
-        ..TrainConfig::new(seq_len)
-    }
-}
-
-/// The settings the planner prices `plan` with, as the runtime trains it (see [`train_config`]).
+/// The settings the planner prices `plan` with, as the runtime trains it ([`runtime_train_config`]).
 pub fn priced_config(plan: &RunPlan) -> TrainConfig {
-    train_config(plan.seq_len, plan.micro_batch_size, plan.num_micro_batches, plan.schedule, plan.recompute)
+    runtime_train_config(plan.seq_len, plan.micro_batch_size, plan.num_micro_batches, plan.schedule, plan.recompute)
 }
 
 /// The plan for a layout given by flags, priced by the planner on `platform` (its predictions are what
@@ -123,7 +98,7 @@ pub fn plan_from_flags(
         ));
     }
     let split = flags.split.clone().unwrap_or_else(|| StageSplit::even(spec.num_layers, l.pp));
-    let cfg = train_config(
+    let cfg = runtime_train_config(
         run.seq_len as u64,
         (run.global_batch / per_step) as u64,
         flags.micro_batches as u64,
@@ -131,7 +106,7 @@ pub fn plan_from_flags(
         flags.recompute,
     );
     let candidate = price(spec, platform, &l, &cfg, flags.all_to_all, &split)?;
-    Ok(RunPlan::from_candidate(spec, &platform.name, run.seq_len as u64, "fp32", &candidate))
+    Ok(RunPlan::from_candidate(spec, &platform.name, run.seq_len as u64, RUNTIME_DTYPE, &candidate))
 }
 
 /// `--plan auto`: the planner's best layout for `ranks` ranks among those the runtime executes (any PP ×
@@ -139,7 +114,7 @@ pub fn plan_from_flags(
 pub fn plan_auto(spec: &ModelSpec, platform: &Platform, run: &RunConfig, ranks: usize) -> Result<RunPlan> {
     run.validate()?;
     let mut req = PlanRequest::new(ranks as u64, run.global_batch as u64, run.seq_len as u64);
-    let base = train_config(run.seq_len as u64, 1, 1, Schedule::OneFOneB, Recompute::None);
+    let base = runtime_train_config(run.seq_len as u64, 1, 1, Schedule::OneFOneB, Recompute::None);
     req.base = base;
     req.schedules = vec![Schedule::OneFOneB, Schedule::GPipe];
     req.recomputes = vec![Recompute::None, Recompute::Selective, Recompute::Full];
@@ -157,7 +132,7 @@ pub fn plan_auto(spec: &ModelSpec, platform: &Platform, run: &RunConfig, ranks: 
                 format!("auto: no executable layout for {ranks} ranks ({})", reasons.join("; ")),
             )
         })?;
-    Ok(RunPlan::from_candidate(spec, &platform.name, run.seq_len as u64, "fp32", &best))
+    Ok(RunPlan::from_candidate(spec, &platform.name, run.seq_len as u64, RUNTIME_DTYPE, &best))
 }
 
 /// Checks that `plan` is one this run can execute: the plan's own consistency, then its model,

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::error::{CalibrateError, Result};
 use super::runs::ProfileRun;
-use crate::layout::{Layout, Recompute, Schedule, StageSplit, TrainConfig};
+use crate::layout::{Layout, Recompute, Schedule, StageSplit, TrainConfig, runtime_train_config};
 use crate::memory::Footprint;
 use crate::model::ModelSpec;
 use crate::platform::{MemoryPoint, Platform, ProfiledRun, ThreadCosts, mean_of};
@@ -109,24 +109,11 @@ pub fn profiled_run(
     Ok(ProfiledRun { threads, ep: ranks, spec, cfg, rows, baseline_s: None })
 }
 
-/// A one-rank run's largest peak RSS against what the model counts for it on `base` (16 configured
-/// bytes per parameter in fp32, factors 1, attention keeping its log-sum-exp and routed experts
-/// recomputing their activation, as the runtime's do): parameters, and one micro-batch's layer
+/// A one-rank run's largest peak RSS against what the model counts for it on `base` (as the runtime
+/// trains: [`runtime_train_config`]; factors 1): parameters, and one micro-batch's layer
 /// activations and logits, with the micro-batches it holds.
 pub fn memory_point(summary: &RunSummary, spec: &ModelSpec, base: &Platform, run: &ProfileRun) -> Result<MemoryPoint> {
-    let cfg = TrainConfig {
-        micro_batch_size: run.batch / run.micro_batches,
-        num_micro_batches: 1,
-        schedule: Schedule::OneFOneB,
-        recompute: Recompute::None,
-        dtype: "fp32".into(),
-        weight_bytes: 4.0,
-        grad_bytes: 4.0,
-        optimizer_bytes: 8.0,
-        flash_attention: true,
-        expert_activation_recomputed: true,
-        ..TrainConfig::new(run.seq)
-    };
+    let cfg = runtime_train_config(run.seq, run.batch / run.micro_batches, 1, Schedule::OneFOneB, Recompute::None);
     let layout = Layout { pp: 1, ep: 1, dp: 1 };
     let stage = Footprint::new(spec, base, &layout, &cfg)?.stages(&StageSplit::even(spec.num_layers, 1)).remove(0);
     let logits = stage.activations.logits;

@@ -10,7 +10,7 @@ use super::step_costs::{StepRun, WorkClass, fit_step_costs};
 use super::threads::{ThreadCosts, threads_per_rank};
 use crate::class_work::class_work;
 use crate::error::{Error, Result};
-use crate::layout::TrainConfig;
+use crate::layout::{RUNTIME_DTYPE, RUNTIME_EXPERT_ACTIVATION_RECOMPUTED, RUNTIME_FLASH_ATTENTION, TrainConfig};
 use crate::limits;
 use crate::model::ModelSpec;
 
@@ -148,9 +148,9 @@ pub fn with_runtime(
             logits_working_factor: fit.logits_working_factor,
             ..one.runtime
         }),
-        train_dtype: Some("fp32".into()),
-        flash_attention: Some(true),
-        expert_activation_recomputed: Some(true),
+        train_dtype: Some(RUNTIME_DTYPE.into()),
+        flash_attention: Some(RUNTIME_FLASH_ATTENTION),
+        expert_activation_recomputed: Some(RUNTIME_EXPERT_ACTIVATION_RECOMPUTED),
         refinement: None,
         ..base
     };
