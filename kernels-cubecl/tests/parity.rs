@@ -59,9 +59,10 @@ fn swiglu_case(device: &Device, rows: usize, cols: usize) {
     close("swiglu grad up", &fast.2, &reference.2);
 }
 
-/// The recomputing down projection against its reference, and bit for bit against the two ops it fuses
-/// (`linear(swiglu(g, u), w)`, which holds the product): output and every gradient.
-fn swiglu_down_case(device: &Device, [b, s, f, n]: [usize; 4]) {
+/// The recomputing down projection against its reference and against the two ops it fuses
+/// (`linear(swiglu(g, u), w)`, which holds the product): output and every gradient — bit for bit when
+/// `exact` (on the CPU; a GPU's autotuned products may pick another kernel from one call to the next).
+fn swiglu_down_case(device: &Device, [b, s, f, n]: [usize; 4], exact: bool) {
     let (g, u, w) = (random([b, s, f], 2.0, 91), random([b, s, f], 1.0, 92), random([f, n], 0.3, 93));
     let probe = random([b, s, n], 1.0, 94);
     let run = |dev: &Device, how: usize| {
@@ -81,10 +82,10 @@ fn swiglu_down_case(device: &Device, [b, s, f, n]: [usize; 4]) {
     let what = format!("swiglu_down {b}x{s}x{f}->{n}");
     for (i, part) in ["output", "grad gate", "grad up", "grad w_down"].iter().enumerate() {
         close(&format!("{what} {part}"), &fast[i], &reference[i]);
-        assert!(
-            fast[i].len() == held[i].len() && fast[i].iter().zip(&held[i]).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{what} {part}: differs from linear(swiglu(g, u)), which holds the product"
-        );
+        close(&format!("{what} {part} vs linear(swiglu)"), &fast[i], &held[i]);
+        let same_bits =
+            |x: &[f32], y: &[f32]| x.len() == y.len() && x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(!exact || same_bits(&fast[i], &held[i]), "{what} {part}: differs from linear(swiglu(g, u))");
     }
 }
 
@@ -511,7 +512,7 @@ fn all_cases(device: &Device) {
     cross_entropy_case(device, 13, 37);
     cross_entropy_case(device, 3, 1000);
     swiglu_case(device, 6, 37);
-    swiglu_down_case(device, [2, 5, 12, 7]);
+    swiglu_down_case(device, [2, 5, 12, 7], false);
     permute_combine_case(device, 9, 2, 5);
     permute_combine_case(device, 4, 1, 3);
     permute_combine_case(device, 7, 4, 4);
@@ -555,7 +556,8 @@ fn every_op_matches_its_reference_on_the_cpu() {
 fn large_shapes_match_on_the_cpu() {
     let device = Device::flex().autodiff();
     swiglu_case(&device, 300, 129);
-    swiglu_down_case(&device, [4, 48, 160, 96]);
+    swiglu_down_case(&device, [2, 5, 12, 7], true);
+    swiglu_down_case(&device, [4, 48, 160, 96], true);
     permute_combine_case_sized(&device, 300, 2, 8, 70);
     grouped_case_sized(&device, &[150, 0, 7, 310], 96, 256);
     // Few experts with large GEMMs: on Flex several row blocks per expert, and each weight gradient cut
