@@ -22,6 +22,42 @@ fn plan_auto_picks_a_layout_and_reports_its_prediction_error() {
     assert!(out.contains("plan vs measured (local platform): step"), "{out}");
 }
 
+/// A plan `piper plan --out` writes with selective recompute (DeepSeek-style: a dense layer and shared
+/// experts, whose SwiGLU activation it recomputes) trains as written, and its losses are those of the
+/// same layout without recompute, bit for bit.
+#[test]
+fn a_selective_recompute_plan_from_piper_plan_trains() {
+    let dir = common::scratch("selective-plan");
+    let plan = dir.join("plan.json");
+    let mut cmd = Command::new(binary("", "piper"));
+    cmd.args(["plan", "--model", "tiny-deepseek", "--platform", "local", "--gpus", "1", "--global-batch", "8"]);
+    cmd.args(["--seq-len", "31", "--recompute", "selective", "--out", plan.to_str().unwrap()]);
+    let (ok, out) = run(cmd, Duration::from_secs(60));
+    assert!(ok, "piper plan failed:\n{out}");
+    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    assert_eq!(written["recompute"], "selective", "{written}");
+    let m = written["num_micro_batches"].as_u64().unwrap().to_string();
+    let train = |how: &[&str], metrics: &std::path::Path| {
+        let mut cmd = Command::new(example());
+        cmd.args(["--steps", "6", "--lr", "5e-3", "--warmup", "2", "--seed", "3", "--no-progress", "--log-every", "0"]);
+        cmd.args(how).args(["--metrics", metrics.to_str().unwrap()]);
+        let (ok, out) = run(cmd, Duration::from_secs(120));
+        assert!(ok, "{how:?}:\n{out}");
+        out
+    };
+    let (planned, kept) = (dir.join("planned.jsonl"), dir.join("kept.jsonl"));
+    let out = train(&["--plan", plan.to_str().unwrap()], &planned);
+    assert!(out.contains("recompute selective"), "{out}");
+    let flags = ["--preset", "tiny-deepseek", "--batch-size", "8", "--seq-len", "31", "--micro-batches", &m];
+    train(&[&flags[..], &["--recompute", "none"]].concat(), &kept);
+    let (a, b) = (common::losses(&planned), common::losses(&kept));
+    assert!(
+        a.len() == 6 && b.len() == 6 && a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+        "{a:?} vs {b:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A run appends its line to the history (`--history FILE`), and the line holds what re-prices the run:
 /// the planner, given the line's model, plan and settings, predicts what the run predicted.
 #[test]

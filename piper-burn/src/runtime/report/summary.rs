@@ -217,7 +217,7 @@ pub fn describe_run(
             peak_flops / 1e9
         ),
         format!(
-            "plan ({} platform): PP={} × EP={} × DP={}, {} micro-batches ({}), split {:?}, {} all-to-all, global batch {}; predicted step {:.2} ms, {:.0} tokens/s, bubble {:.1}%, peak memory {:.3} GiB, MFU {:.1}%",
+            "plan ({} platform): PP={} × EP={} × DP={}, {} micro-batches ({}), split {:?}, {} all-to-all, recompute {}, global batch {}; predicted step {:.2} ms, {:.0} tokens/s, bubble {:.1}%, peak memory {:.3} GiB, MFU {:.1}%",
             plan.platform,
             plan.pp,
             plan.ep,
@@ -226,6 +226,7 @@ pub fn describe_run(
             plan.schedule.name(),
             plan.split().0,
             plan.all_to_all.name(),
+            plan.recompute.name(),
             plan.global_batch,
             p.step_time_s * 1e3,
             p.tokens_per_s,
