@@ -281,10 +281,22 @@ pub fn check_peer<C: Communicator + ?Sized>(comm: &C, peer: usize, op: &str) -> 
 }
 
 /// Waiting without starving the transport: MPI moves large (rendezvous) messages only while it is being
-/// polled, so the first milliseconds of a wait only yield the core; a long wait (another pipeline stage
-/// still computing) then sleeps in short steps.
+/// polled, so the first moments of a wait only yield the core; a long wait (another pipeline stage
+/// still computing) then sleeps in short steps. Where every rank of the host has a core of its own, the
+/// yielding lasts 20 ms (a sleeping rank wakes late: two ranks on two cores train 3–11% slower when
+/// they sleep after 1 ms); where the ranks outnumber the cores, 1 ms (a yielding rank takes the core
+/// from one that computes: four expert-parallel ranks on two cores train 10% faster). Measured in
+/// `benchmarks/README.md` (ranks on one node).
 pub struct Idle {
     since: std::time::Instant,
+}
+
+/// How long a wait yields before it sleeps (see [`Idle`]).
+fn yield_window() -> Duration {
+    static WINDOW: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *WINDOW.get_or_init(|| {
+        if crate::host::ranks_outnumber_cores() { Duration::from_millis(1) } else { Duration::from_millis(20) }
+    })
 }
 
 impl Idle {
@@ -293,7 +305,7 @@ impl Idle {
     }
 
     pub fn pause(&mut self) {
-        if self.since.elapsed() < Duration::from_millis(20) {
+        if self.since.elapsed() < yield_window() {
             std::thread::yield_now();
         } else {
             std::thread::sleep(Duration::from_micros(50));

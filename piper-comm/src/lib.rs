@@ -12,6 +12,7 @@ pub mod calibrate;
 pub mod collectives;
 pub mod communicator;
 pub mod error;
+pub mod host;
 pub mod launch;
 pub mod local;
 #[cfg(feature = "mpi")]
