@@ -444,6 +444,24 @@ mod migration {
                 assert!(e.experts_moved > 0 && e.imbalance_after <= e.imbalance_before, "{e:?}");
                 assert!(e.seconds.is_finite() && e.predicted_seconds > 0.0, "{e:?}");
             }
+            // Each check's moves get their outcome when the window after them (3 steps) has closed.
+            for m in on[0].0.iter().filter(|m| !m.migration.is_empty() && m.step + 3 <= base.steps) {
+                let closing = &on[0].0[m.step + 3 - 1];
+                let o = closing
+                    .migration_outcome
+                    .as_ref()
+                    .unwrap_or_else(|| panic!("{f:?}: no outcome at step {}", closing.step));
+                assert_eq!(o.moved_after_step, m.step);
+                assert_eq!(o.layers, m.migration.iter().map(|e| e.layer).collect::<Vec<_>>());
+                assert_eq!(o.steps_after, 3);
+                let after: Vec<f64> = on[0].0[m.step..m.step + 3].iter().map(|s| s.step_time_s).collect();
+                let mut sorted = after.clone();
+                sorted.sort_by(f64::total_cmp);
+                assert_eq!(o.step_time_after_s, sorted[1], "the median of the window after");
+                assert_eq!(o.realised_gain_per_step_s, o.step_time_before_s - o.step_time_after_s);
+            }
+            let outcomes = on[0].0.iter().filter(|m| m.migration_outcome.is_some()).count();
+            assert!(outcomes > 0, "{f:?}: no outcome closed");
             // With a zero router, later top-k ties break on round-off: compare the steps up to the
             // first one after the first migration (steps count from 1).
             let upto = if zero_router { events[0].0 + 1 } else { base.steps };

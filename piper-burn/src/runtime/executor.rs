@@ -16,7 +16,7 @@ use super::fingerprint::check_ranks_agree;
 use super::host::peak_rss_bytes;
 use super::job::{Job, Trained};
 use super::profile::{self, StepProfile};
-use super::report::StepMetrics;
+use super::report::{OutcomeTracker, StepMetrics};
 use super::setup::RankRun;
 use crate::corpus::Corpus;
 use crate::model::{StageModel, StageModelConfig};
@@ -93,12 +93,14 @@ fn run_steps<M: StageModel>(
     let profile_from = first_step + 3.min(steps.saturating_sub(first_step + 1));
     let mut out =
         Steps { metrics: Vec::new(), profiled_steps: steps.saturating_sub(profile_from), profiled_seconds: 0.0 };
+    let mut outcomes = rank.migrator.as_ref().map(|m| OutcomeTracker::new(m.settings.check_every_steps));
     for step in first_step..steps {
         if step == profile_from && profile::enabled() {
             profile::start_window();
         }
         let (mut metrics, counts) = rank.train_step(job, corpus, step)?;
         metrics.migration = tracing::info_span!("migration", step).in_scope(|| rank.migrate(job, step, &counts))?;
+        metrics.migration_outcome = outcomes.as_mut().and_then(|t| t.observe(&metrics));
         if job.run.eval_due(step) {
             let _span = tracing::info_span!("evaluate", step).entered();
             let held_out = rank.evaluate(job, corpus.held_out())?;

@@ -112,6 +112,7 @@ impl<M: StageModel> RankRun<'_, M> {
             step_time_s: dt,
             bubble: (job.plan.pp > 1).then(|| totals.bubble / ranks),
             migration: Vec::new(),
+            migration_outcome: None,
             checkpoint: None,
             eval_loss: None,
             eval_metrics: Default::default(),

@@ -40,6 +40,10 @@ pub struct StepMetrics {
     /// Expert migrations after this step (one per rebalanced MoE layer).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub migration: Vec<MigrationEvent>,
+    /// What the migrations of one window back saved, now that the window after them has closed
+    /// ([`super::OutcomeTracker`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration_outcome: Option<MigrationOutcome>,
     /// The checkpoint saved after this step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<SavedCheckpoint>,
@@ -72,8 +76,27 @@ pub struct MigrationEvent {
     pub imbalance_before: f64,
     pub imbalance_after: f64,
     /// Step time the move was expected to save per step (the busiest rank's routed tokens taken off,
-    /// times the platform's seconds per routed token); the window after shows what it saved.
+    /// times the platform's seconds per routed token); the window after shows what it saved
+    /// ([`StepMetrics::migration_outcome`]).
     pub predicted_gain_per_step_s: f64,
+}
+
+/// The realised gain of one check's migrations (one or more MoE layers moved after the same step).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MigrationOutcome {
+    /// The step after which the experts moved.
+    pub moved_after_step: usize,
+    /// The MoE layers that moved.
+    pub layers: Vec<usize>,
+    /// Sum over those layers of the step time the policy expected each move to save.
+    pub predicted_gain_per_step_s: f64,
+    /// Median step time of the window before and of the window after the moves, and the steps in each.
+    pub step_time_before_s: f64,
+    pub step_time_after_s: f64,
+    pub steps_before: usize,
+    pub steps_after: usize,
+    /// `step_time_before_s − step_time_after_s`: what the moves saved per step (negative: they cost).
+    pub realised_gain_per_step_s: f64,
 }
 
 /// A checkpoint a step saved: where, how large (all shards and the manifest), how long it took.

@@ -130,6 +130,20 @@ fn event_lines(m: &StepMetrics) -> Vec<String> {
             e.imbalance_after
         ));
     }
+    if let Some(o) = &m.migration_outcome {
+        lines.push(format!(
+            "step {:>5}  migration after step {} (MoE layers {:?}): step {:.2} → {:.2} ms (medians of {} and {} steps), {:.2} ms/step saved, {:.2} predicted",
+            m.step,
+            o.moved_after_step,
+            o.layers,
+            o.step_time_before_s * 1e3,
+            o.step_time_after_s * 1e3,
+            o.steps_before,
+            o.steps_after,
+            o.realised_gain_per_step_s * 1e3,
+            o.predicted_gain_per_step_s * 1e3
+        ));
+    }
     lines
 }
 

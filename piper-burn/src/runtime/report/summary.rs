@@ -9,7 +9,7 @@ use piper_planner::calibrate::steal::STEAL_WARN;
 use piper_planner::run_plan::{Predicted, RunPlan};
 use serde::{Deserialize, Serialize};
 
-use super::metrics::StepMetrics;
+use super::metrics::{MigrationOutcome, StepMetrics};
 use crate::runtime::error::{Result, RuntimeError};
 
 /// `{"pp", "ep", "dp"}` of the summary.
@@ -43,6 +43,9 @@ pub struct RunSummary {
     pub migrations: usize,
     pub migration_seconds: f64,
     pub migration_share: f64,
+    /// What each check's migrations saved per step, measured one window later, beside the prediction.
+    #[serde(default)]
+    pub migration_outcomes: Vec<MigrationOutcome>,
     /// Final expert → rank placement of every MoE layer (after migrations).
     pub placement: Vec<Vec<u64>>,
     /// Mean loss of the last (up to) 10 steps.
@@ -107,6 +110,7 @@ impl RunSummary {
             migrations: metrics.iter().map(|m| m.migration.len()).sum(),
             migration_seconds,
             migration_share: if run_seconds > 0.0 { migration_seconds / run_seconds } else { 0.0 },
+            migration_outcomes: metrics.iter().filter_map(|m| m.migration_outcome.clone()).collect(),
             placement: placements,
             bubble_measured: (plan.pp > 1).then(|| median(steady.iter().filter_map(|m| m.bubble).collect())),
             predicted: plan.predicted.clone(),
@@ -166,6 +170,16 @@ impl RunSummary {
                 self.migrations,
                 self.migration_seconds,
                 100.0 * self.migration_share
+            ));
+        }
+        for o in &self.migration_outcomes {
+            lines.push(format!(
+                "  moves after step {}: step {:.2} → {:.2} ms, {:.2} ms/step saved ({:.2} predicted)",
+                o.moved_after_step,
+                o.step_time_before_s * 1e3,
+                o.step_time_after_s * 1e3,
+                o.realised_gain_per_step_s * 1e3,
+                o.predicted_gain_per_step_s * 1e3
             ));
         }
         if let Some(b) = self.bubble_measured {
