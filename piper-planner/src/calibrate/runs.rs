@@ -29,6 +29,12 @@ const DEEPSEEK_M: CalibrationModel = CalibrationModel {
     name: "train-deepseek-m",
     config: Some(include_str!("../../presets/calibration/train-deepseek-m.json")),
 };
+/// Experts eight times as wide as the model: beside the others' (a half to twice the width), it tells
+/// the expert-parallel path's cost per routed token apart from its cost per expert GEMM second.
+const MIXTRAL_WIDE: CalibrationModel = CalibrationModel {
+    name: "train-mixtral-wide",
+    config: Some(include_str!("../../presets/calibration/train-mixtral-wide.json")),
+};
 const TINY_QWEN3: CalibrationModel = CalibrationModel { name: "tiny-qwen3", config: None };
 const TINY_DEEPSEEK: CalibrationModel = CalibrationModel { name: "tiny-deepseek", config: None };
 
@@ -87,8 +93,11 @@ pub const STEP_RUNS: [ProfileRun; 9] = [
 
 /// Expert-parallel runs (one expert group filling the node) for every thread count below the cores:
 /// the permute → all-to-all → grouped experts → combine path, each paired with the same tokens per rank
-/// through the fused path (one-rank copies on the same cores, just before it).
-pub const EP_RUNS: [ProfileRun; 3] = [run(MIXTRAL_S, 32, 127), run(QWEN3_M, 4, 127), run(DEEPSEEK_M, 8, 63)];
+/// through the fused path (one-rank copies on the same cores, just before it). Their experts are half
+/// to eight times as wide as the model, so the fit can tell what the path costs per routed token from
+/// what it costs per expert GEMM second.
+pub const EP_RUNS: [ProfileRun; 4] =
+    [run(MIXTRAL_S, 32, 127), run(QWEN3_M, 4, 127), run(DEEPSEEK_M, 8, 63), run(MIXTRAL_WIDE, 16, 63)];
 
 /// Memory runs on every core that hold several micro-batches at once (GPipe on one rank): the step run
 /// at the index, its sequences split into that many micro-batches. Beside the runs above (one
