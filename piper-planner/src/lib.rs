@@ -11,6 +11,7 @@ pub mod calibrate;
 pub mod checkpoint;
 pub mod class_work;
 pub mod comm;
+pub mod core_sharing;
 pub mod error;
 pub mod hf;
 pub mod history;

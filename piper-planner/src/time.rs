@@ -17,13 +17,14 @@ use serde::Serialize;
 
 use crate::class_work::{exchange_link_s, exchange_token_dims, head_table_s, layer_tables, routed_token_experts};
 use crate::comm::{A2aAlgo, GroupShape, all_reduce_s, p2p_s};
+use crate::core_sharing::{StageCost, simulate_shared};
 use crate::error::Result;
 use crate::layout::{Layout, Recompute, StageSplit, TrainConfig};
 use crate::model::counts::{layer_params, mtp_module_params};
 use crate::model::{LayerKind, ModelSpec, training_flops_per_token};
 use crate::platform::{ClassWork, Platform};
 use crate::runtime_work::{dense_swiglu_elements, head_elements, layer_elements};
-use crate::schedule::{Simulation, simulate};
+use crate::schedule::{Op, Simulation, simulate};
 
 /// Seconds per micro-batch of one layer on one rank.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -362,6 +363,42 @@ impl<'a> CostModel<'a> {
         }
     }
 
+    /// The schedule on a node whose ranks outnumber its cores: each op's compute slowed by the stages
+    /// computing at that moment (their ranks on the node, `node_ranks ÷ PP` per stage, time-share the
+    /// cores), its waits not ([`simulate_shared`]). Each stage's forward and backward become their mean
+    /// wall time in the simulation.
+    fn simulate_sharing_cores(&self, stages: &mut [StageTime]) -> Simulation {
+        let costs: Vec<StageCost> = stages
+            .iter()
+            .map(|s| {
+                let busy = s.forward_s + s.backward_s;
+                let wait = |t: f64| if busy > 0.0 { s.wait_s * t / busy } else { 0.0 };
+                StageCost {
+                    forward_compute_s: s.forward_s - wait(s.forward_s),
+                    forward_wait_s: wait(s.forward_s),
+                    backward_compute_s: s.backward_s - wait(s.backward_s),
+                    backward_wait_s: wait(s.backward_s),
+                }
+            })
+            .collect();
+        let p2p: Vec<f64> = stages.iter().map(|s| s.p2p_s).collect();
+        let ranks_per_stage = self.node_ranks as f64 / stages.len().max(1) as f64;
+        let rate = |computing: usize| 1.0 / self.platform.time_share_busy(computing as f64 * ranks_per_stage);
+        let sim = simulate_shared(self.cfg.schedule, self.cfg.num_micro_batches, &costs, &p2p, &rate);
+        for (s, ops) in stages.iter_mut().zip(&sim.timeline) {
+            let mean = |forward: bool| {
+                let walls: Vec<f64> = ops
+                    .iter()
+                    .filter(|o| matches!(o.op, Op::Forward(_)) == forward)
+                    .map(|o| o.end_s - o.start_s)
+                    .collect();
+                walls.iter().sum::<f64>() / walls.len().max(1) as f64
+            };
+            (s.forward_s, s.backward_s) = (mean(true), mean(false));
+        }
+        sim
+    }
+
     /// The step for a split: simulate the schedule, add the slowest stage's reduction and update.
     pub fn predict(&self, split: &StageSplit) -> StepPrediction {
         let mut stages: Vec<StageTime> =
@@ -390,17 +427,15 @@ impl<'a> CostModel<'a> {
         };
         let mut pipeline = simulate_stages(&stages);
         let shared = self.platform.time_share(self.node_ranks, pipeline.bubble_fraction);
-        if shared > 1.0 {
+        // Ranks that outnumber the cores contend whenever enough of them compute at once, even where
+        // the step's mean busy share fits the cores (a pipeline's steady phase).
+        if self.platform.time_share(self.node_ranks, 0.0) > 1.0 {
+            pipeline = self.simulate_sharing_cores(&mut stages);
             for s in &mut stages {
                 // The waits stay as they are: the cores serve other ranks meanwhile.
-                let busy = s.forward_s + s.backward_s;
-                let stretch = if busy > 0.0 { ((busy - s.wait_s) * shared + s.wait_s) / busy } else { shared };
-                s.forward_s *= stretch;
-                s.backward_s *= stretch;
                 s.a2a_s *= shared;
                 s.grad_reduce_s = (s.grad_reduce_s - s.replicas_wait_s) * shared + s.replicas_wait_s;
             }
-            pipeline = simulate_stages(&stages);
         }
         let tail = crate::limits::max_or_zero(stages.iter().map(|s| s.grad_reduce_s + s.optimizer_s));
         let step_time_s = pipeline.makespan_s + tail;
