@@ -99,6 +99,9 @@ fn run(
     for line in describe_run(spec, plan, &corpus.describe(), &format!("{:?}", a.backend), peak_flops) {
         reporter.println(&line);
     }
+    if let Some(note) = job.uncalibrated_note() {
+        reporter.println(&note);
+    }
     match threads {
         Some(t) => reporter.println(&format!("threads: {} per rank ({})", t.threads, t.why)),
         None => reporter.println("threads: as RAYON_NUM_THREADS says"),

@@ -624,3 +624,18 @@ fn the_authors_schedule_sets_each_steps_learning_rate() {
     let err = train(config(), Some(std::sync::Arc::new(NanAt(2)))).err().expect("refused").to_string();
     assert!(err.contains("learning-rate schedule") && err.contains("step 3"), "{err}");
 }
+
+/// A run priced on a platform measured through this runtime says nothing; on a preset's defaults (a GPU
+/// preset here: never measured through it) it names the platform and `piper calibrate`.
+#[test]
+fn a_run_on_an_uncalibrated_platform_says_so() {
+    let world = LocalComm::single();
+    let note = |platform: piper_planner::platform::Platform| {
+        let job = Job::builder(preset("tiny").unwrap(), &world).platform(platform).peak_flops(1.0).build().unwrap();
+        job.uncalibrated_note()
+    };
+    let preset_note = note(piper_planner::platform::preset("frontier").unwrap()).expect("a preset's defaults");
+    assert!(preset_note.contains("frontier") && preset_note.contains("piper calibrate"), "{preset_note}");
+    let calibrated = concat!(env!("CARGO_MANIFEST_DIR"), "/../benchmarks/results/platforms/local-2026-12-06T0544.toml");
+    assert_eq!(note(piper_planner::platform::load(std::path::Path::new(calibrated)).unwrap()), None);
+}

@@ -78,6 +78,20 @@ impl<M> Trained<M> {
 }
 
 impl Job<'_> {
+    /// A line for a run priced on a platform whose costs were not measured through this runtime (the
+    /// built-in `local` defaults before `piper calibrate`, or a GPU preset): its predictions are the
+    /// preset's guesses, not this machine's.
+    pub fn uncalibrated_note(&self) -> Option<String> {
+        let p = &self.platform;
+        let measured = p.step_costs.is_some() || !p.threads.is_empty();
+        (!measured).then(|| {
+            format!(
+                "the {} platform's costs were not measured on this machine: its predictions are defaults (`piper calibrate` measures this machine in about 4 minutes; then `--platform local` uses it)",
+                p.name.escape_debug()
+            )
+        })
+    }
+
     /// The Burn configuration of the job's model: [`CausalLmConfig::from_spec`] with the run's debug
     /// options. This is the configuration checkpoints record; the run's load-balancing weight is
     /// [`Job::aux_loss_coef`].
