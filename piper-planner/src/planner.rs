@@ -355,6 +355,10 @@ fn search_layout(
             continue;
         }
         for &schedule in &req.schedules {
+            // Each algorithm's plan without recompute (step, memory): a selective plan equal to it keeps
+            // and recomputes nothing more (no dense MLP, no shared expert, flash attention) and is not
+            // offered twice.
+            let mut without: Vec<Option<(f64, f64)>> = vec![None; algos.len()];
             for &recompute in &req.recomputes {
                 let cfg = TrainConfig {
                     micro_batch_size: mbs,
@@ -363,10 +367,16 @@ fn search_layout(
                     recompute,
                     ..req.base.clone()
                 };
-                for &algo in &algos {
+                for (a, &algo) in algos.iter().enumerate() {
                     report.evaluated += 1;
                     match evaluate(spec, platform, layout, &cfg, algo)? {
+                        Ok(c)
+                            if recompute == Recompute::Selective
+                                && without[a] == Some((c.step_time_s, c.peak_memory_bytes)) => {}
                         Ok(c) => {
+                            if recompute == Recompute::None {
+                                without[a] = Some((c.step_time_s, c.peak_memory_bytes));
+                            }
                             found = true;
                             report.plans.push(c);
                         }
@@ -398,6 +408,27 @@ mod tests {
     use super::*;
     use crate::model::preset;
     use crate::platform;
+
+    /// Selective recompute is offered where it changes something: a DeepSeek-style model's dense layer
+    /// and shared expert; on a Mixtral-style model with flash attention (nothing but routed experts,
+    /// which recompute their activation in every mode) it would repeat each plan without recompute.
+    #[test]
+    fn selective_plans_appear_only_where_they_differ() {
+        let p = platform::preset("local").unwrap();
+        let mut req = PlanRequest { top: 1000, ..PlanRequest::new(2, 16, 63) };
+        // What the runtime runs (as `piper plan` on this platform): fp32, fused attention, routed
+        // experts that recompute their activation.
+        req.base.dtype = "fp32".into();
+        req.base.flash_attention = true;
+        req.base.expert_activation_recomputed = true;
+        let selective = |model: &str| {
+            let report = plan(&preset(model).unwrap(), &p, &req).unwrap();
+            assert!(report.plans.iter().any(|c| c.recompute == Recompute::None), "{model}");
+            report.plans.iter().filter(|c| c.recompute == Recompute::Selective).count()
+        };
+        assert_eq!(selective("tiny"), 0);
+        assert!(selective("tiny-deepseek") > 0);
+    }
 
     #[test]
     fn plans_respect_every_constraint() {
