@@ -53,13 +53,15 @@ fn outnumber(local_ranks: Option<usize>, cores: usize, bound: bool) -> bool {
     !bound && local_ranks.is_some_and(|ranks| ranks > cores)
 }
 
+/// A launcher's environment made of `vars`, for the tests of what is read from it.
+#[cfg(test)]
+pub(crate) fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+    move |name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
-    }
 
     #[test]
     fn the_launchers_rank_counts_are_read() {

@@ -53,10 +53,7 @@ pub fn init_world() -> Result<World> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
-    }
+    use crate::host::env;
 
     #[test]
     fn launches_are_recognised_by_their_launchers_variables() {
