@@ -56,6 +56,17 @@ pub fn simulate_shared(
     let pp = costs.len();
     let lists: Vec<Vec<Op>> = (0..pp).map(|s| compute_ops(&instructions(schedule, s as u64, pp as u64, m))).collect();
     let total: usize = lists.iter().map(Vec::len).sum();
+    let times =
+        costs.iter().flat_map(|c| [c.forward_compute_s, c.forward_wait_s, c.backward_compute_s, c.backward_wait_s]);
+    if times.chain(p2p_s.iter().copied()).any(|t| !t.is_finite()) {
+        // A cost that is not a number makes no schedule: the makespan says so instead of a hang.
+        return Simulation {
+            makespan_s: f64::NAN,
+            busy_s: vec![f64::NAN; pp],
+            bubble_fraction: f64::NAN,
+            timeline: vec![],
+        };
+    }
     let mut st = State {
         lists,
         next: vec![0; pp],
@@ -188,6 +199,13 @@ mod tests {
 
     /// One core under a pipeline that never leaves it idle (no waits, no p2p): the makespan is all the
     /// stages' work, whatever the order.
+    #[test]
+    fn a_cost_that_is_not_a_number_gives_a_makespan_that_is_not_one() {
+        let c = costs(&[1.0, f64::NAN], &[1.0, 1.0], 0.0);
+        let sim = simulate_shared(Schedule::OneFOneB, 2, &c, &[0.0, 0.0], &|k| 1.0 / k as f64);
+        assert!(sim.makespan_s.is_nan());
+    }
+
     #[test]
     fn one_core_that_is_never_idle_takes_the_sum_of_the_work() {
         for (sched, pp, m) in [(Schedule::OneFOneB, 2, 8), (Schedule::OneFOneB, 4, 6), (Schedule::GPipe, 3, 5)] {
