@@ -42,7 +42,8 @@ pub struct MigrationSettings {
     pub check_every_steps: usize,
     /// Hill-climbing swaps per rebalancing.
     pub max_swaps: u64,
-    /// Bytes moved per expert (weights and both moments) and the link bandwidth, for the prediction.
+    /// Bytes moved per expert (weights and both moments) and the rate a rank moves them at (the link
+    /// and the host staging, [`MigrationSettings::staged_gbs`]), for the prediction.
     pub bytes_per_expert: f64,
     pub link_gbs: f64,
     /// Seconds one routed token costs the rank holding its expert (forward and backward), from the
@@ -58,6 +59,16 @@ impl MigrationSettings {
     pub const SMOOTHING: f64 = 0.5;
     /// Windows a move must pay for itself within.
     pub const HORIZON_WINDOWS: usize = 4;
+
+    /// Copies of each moved byte through host memory: read out of its weight or moment tensor, packed
+    /// into the message, unpacked on arrival, written into the new owner's tensor.
+    pub const HOST_COPIES: f64 = 4.0;
+
+    /// The rate (GB/s) one rank moves expert bytes at: each byte crosses the link once and is copied
+    /// [`Self::HOST_COPIES`] times at the host's memory bandwidth, so the seconds per byte add.
+    pub fn staged_gbs(link_gbs: f64, memory_gbs: f64) -> f64 {
+        1.0 / (1.0 / link_gbs + Self::HOST_COPIES / memory_gbs)
+    }
 
     /// The decision's settings (`piper_planner::migration_payoff`); the threshold rule is the same
     /// decision on the window alone (no smoothing, one check) with a horizon no move fails to pay within.
@@ -162,6 +173,11 @@ impl Migrator {
             return Ok(Vec::new());
         }
         let (s, payoff) = (&self.settings, self.settings.payoff());
+        // The threshold rule moves whenever the window calls for it, however few steps are left.
+        let steps_left = match s.decision {
+            MigrationDecision::Payoff => steps_left as f64,
+            MigrationDecision::Threshold => f64::INFINITY,
+        };
         let mut out = Vec::new();
         for (layer, ((loads, placement), evidence)) in
             self.window.iter().zip(placements).zip(&mut self.evidence).enumerate()
@@ -178,7 +194,7 @@ impl Migrator {
                     s.max_swaps,
                     s.bytes_per_expert,
                     s.link_gbs,
-                    steps_left as f64,
+                    steps_left,
                 )
                 .map_err(|source| RuntimeError::Migration { layer, source })?;
             if let Verdict::Move { migration, gain_per_step_s, cost_s } = verdict {
@@ -264,31 +280,25 @@ pub fn migrate<M: StageModel>(
     Ok((model, events))
 }
 
-/// Host copies of one MoE block's three expert weights `[e, r, c]` and their AdamW moments, slot by slot.
-struct ExpertState {
+/// One MoE block's three expert weights `[e, r, c]`, read and written one local slot at a time with
+/// their AdamW moments: only the slots whose expert leaves or arrives pass through host memory.
+struct ExpertSlots {
     ids: [ParamId; 3],
-    shapes: [[usize; 3]; 3],
+    /// The weights, off the autodiff graph (the block gets them back as fresh parameters).
+    weights: [Tensor<3>; 3],
     /// Elements of one expert's slice of each weight.
     per_slot: [usize; 3],
-    /// Per weight: values, first moment, second moment.
-    host: [[Vec<f32>; 3]; 3],
+    /// Per weight, the (local slot, values) of each arrived expert.
+    arrived: [Vec<(usize, Vec<f32>)>; 3],
 }
 
-impl ExpertState {
-    fn of(block: &MoeBlock, opt: &AdamW) -> Result<Self> {
+impl ExpertSlots {
+    fn of(block: &MoeBlock) -> Self {
         let x = &block.experts;
         let ids = [x.w_gate_edf.id, x.w_up_edf.id, x.w_down_efd.id];
-        let weights = [x.w_gate_edf.val(), x.w_up_edf.val(), x.w_down_efd.val()];
-        let shapes = [weights[0].dims(), weights[1].dims(), weights[2].dims()];
-        let per_slot = shapes.map(|s| s[1] * s[2]);
-        let mut host: [[Vec<f32>; 3]; 3] = Default::default();
-        for (t, w) in weights.into_iter().enumerate() {
-            let values = host_f32(w.inner(), "expert weights")?;
-            let n = values.len();
-            let (m, v) = opt.host(ids[t]).unwrap_or_else(|| (vec![0.0; n], vec![0.0; n]));
-            host[t] = [values, m, v];
-        }
-        Ok(ExpertState { ids, shapes, per_slot, host })
+        let weights = [x.w_gate_edf.val().inner(), x.w_up_edf.val().inner(), x.w_down_efd.val().inner()];
+        let per_slot = weights.each_ref().map(|w| w.dims()[1] * w.dims()[2]);
+        ExpertSlots { ids, weights, per_slot, arrived: Default::default() }
     }
 
     /// Floats one expert's message carries: its slice of each weight and both moments.
@@ -296,51 +306,58 @@ impl ExpertState {
         3 * self.per_slot.iter().sum::<usize>()
     }
 
-    /// The message of the expert in local `slot`: per weight, its values and both moments.
-    fn payload(&self, slot: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.payload_floats() * 4);
+    /// The message of the expert in local `slot`: per weight, its values and both moments (zeros
+    /// before the optimizer's first step, as on every rank).
+    fn payload(&self, slot: usize, opt: &AdamW) -> Result<Vec<u8>> {
+        let mut out: Vec<u8> = Vec::with_capacity(4 * self.payload_floats());
         for t in 0..3 {
-            let r = slot * self.per_slot[t]..(slot + 1) * self.per_slot[t];
-            for src in &self.host[t] {
-                out.extend(src[r.clone()].iter().flat_map(|f| f.to_le_bytes()));
+            let [_, r, c] = self.weights[t].dims();
+            let values = host_f32(self.weights[t].clone().slice([slot..slot + 1, 0..r, 0..c]), "expert weights")?;
+            out.extend_from_slice(bytemuck::cast_slice(&values));
+            let range = slot * self.per_slot[t]..(slot + 1) * self.per_slot[t];
+            match opt.host_range(self.ids[t], range)? {
+                Some((m, v)) => [m, v].iter().for_each(|x| out.extend_from_slice(bytemuck::cast_slice(x))),
+                None => out.resize(out.len() + 8 * self.per_slot[t], 0),
             }
         }
-        out
+        Ok(out)
     }
 
-    /// Writes an arriving expert's message into local `slot`.
-    fn receive(&mut self, slot: usize, message: &[u8]) {
-        let floats: Vec<f32> = message.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    /// Writes an arriving expert's message into local `slot`: the moments' slices now, the weights'
+    /// when the block is rebuilt.
+    fn receive(&mut self, slot: usize, message: &[u8], opt: &mut AdamW) {
+        let floats: Vec<f32> = bytemuck::pod_collect_to_vec(message);
         let mut at = 0;
         for t in 0..3 {
             let n = self.per_slot[t];
-            for dst in self.host[t].iter_mut() {
-                dst[slot * n..(slot + 1) * n].copy_from_slice(&floats[at..at + n]);
-                at += n;
-            }
+            let (m, v) = (&floats[at + n..at + 2 * n], &floats[at + 2 * n..at + 3 * n]);
+            opt.assign_range(self.ids[t], slot * n, m, v);
+            self.arrived[t].push((slot, floats[at..at + n].to_vec()));
+            at += 3 * n;
         }
     }
 
-    /// The block with the new expert weights (same parameter ids) and the optimizer with their moments.
-    fn install(self, mut block: MoeBlock, opt: &mut AdamW) -> MoeBlock {
-        let device = block.experts.w_gate_edf.val().device();
-        let [gate, up, down] = self.host;
-        let mut param = |t: usize, [w, m, v]: [Vec<f32>; 3]| -> Param<Tensor<3>> {
-            opt.replace(self.ids[t], m, v);
-            let tensor = Tensor::<3>::from_data(TensorData::new(w, self.shapes[t]), &device).require_grad();
-            Param::initialized(self.ids[t], tensor)
+    /// The block with the arrived experts written into their slots of the weights (same parameter ids).
+    fn install(self, mut block: MoeBlock) -> MoeBlock {
+        let ExpertSlots { ids, weights: [gate, up, down], arrived: [to_gate, to_up, to_down], .. } = self;
+        let param = |t: usize, w: Tensor<3>, slices: Vec<(usize, Vec<f32>)>| {
+            let ([_, r, c], device) = (w.dims(), w.device());
+            let w = slices.into_iter().fold(w, |w, (slot, x)| {
+                w.slice_assign([slot..slot + 1, 0..r, 0..c], Tensor::from_data(TensorData::new(x, [1, r, c]), &device))
+            });
+            Param::initialized(ids[t], Tensor::from_inner(w).require_grad())
         };
-        block.experts.w_gate_edf = param(0, gate);
-        block.experts.w_up_edf = param(1, up);
-        block.experts.w_down_efd = param(2, down);
+        block.experts.w_gate_edf = param(0, gate, to_gate);
+        block.experts.w_up_edf = param(1, up, to_up);
+        block.experts.w_down_efd = param(2, down, to_down);
         block
     }
 }
 
 /// Moves this rank's share of one layer's migration: sends each expert leaving this rank (its three
 /// weight slices and their AdamW moments) to its new owner, receives the arriving ones into the slots
-/// they leave free (experts that stay keep theirs), and rewrites the block's expert weights, the
-/// optimizer's moments and the placement. Returns the block and the seconds it took.
+/// they leave free (experts that stay are not touched), and writes those slots of the block's expert
+/// weights and of the optimizer's moments, then the placement. Returns the block and the seconds it took.
 pub fn move_experts(
     block: MoeBlock,
     old: &ExpertPlacement,
@@ -356,7 +373,7 @@ pub fn move_experts(
     if e + TAG_BASE as usize > MAX_USER_TAG as usize {
         return Err(RuntimeError::MigrationTags { experts: e, tags: MAX_USER_TAG - TAG_BASE });
     }
-    let mut state = ExpertState::of(&block, opt)?;
+    let mut slots = ExpertSlots::of(&block);
     let world_rank = |ep: usize| at.layout.rank(at.stage, at.dp, ep as u64) as usize;
     let mut pending: Vec<Box<dyn Pending>> = Vec::new();
     // (index in `pending`, expert) of each receive.
@@ -365,16 +382,30 @@ pub fn move_experts(
         let (from, to, tag) = (old.rank_of(x), new.rank_of(x), TAG_BASE + x as u32);
         if to == at.ep {
             arriving.push((pending.len(), x));
-            pending.push(world.irecv(world_rank(from), tag, state.payload_floats() * 4)?);
+            pending.push(world.irecv(world_rank(from), tag, slots.payload_floats() * 4)?);
         } else if from == at.ep {
-            pending.push(world.isend(world_rank(to), tag, state.payload(old.slot_of(x)))?);
+            pending.push(world.isend(world_rank(to), tag, slots.payload(old.slot_of(x), opt)?)?);
         }
     }
     let received = wait_all(world, pending, &format!("expert migration of MoE layer {layer}"))?;
     for &(i, x) in &arriving {
-        state.receive(new.slot_of(x), &received[i]);
+        slots.receive(new.slot_of(x), &received[i], opt);
     }
-    let mut block = state.install(block, opt);
+    let mut block = slots.install(block);
     block.set_placement(new.clone());
     Ok((block, start.elapsed().as_secs_f64()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MigrationSettings;
+
+    #[test]
+    fn a_staged_move_pays_the_link_once_and_each_host_copy() {
+        // 1 GB over a 10 GB/s link with 4 copies at 40 GB/s: 0.1 s + 4 × 0.025 s.
+        let gbs = MigrationSettings::staged_gbs(10.0, 40.0);
+        assert!((1.0 / gbs - 0.2).abs() < 1e-12, "{gbs}");
+        // Host memory far faster than the link: the link's rate.
+        assert!((MigrationSettings::staged_gbs(10.0, 1e12) - 10.0).abs() < 1e-6);
+    }
 }

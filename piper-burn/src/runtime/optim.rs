@@ -10,6 +10,8 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use kernels_cubecl::{AdamWStep, adamw_step};
 
+use super::error::{Result, host_f32};
+
 /// AdamW settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWSettings {
@@ -83,16 +85,6 @@ impl AdamW {
         model.map(&mut Apply { opt: self, grads, step })
     }
 
-    /// Replaces the moments of a parameter that has them (flattened, on their device), e.g. after
-    /// migration rewrote some rows. Returns whether it had them.
-    pub fn replace(&mut self, id: ParamId, m: Vec<f32>, v: Vec<f32>) -> bool {
-        let Some(old) = self.moments.get_mut(&id) else { return false };
-        let (n, device) = (m.len(), old.m.device());
-        let t = |x: Vec<f32>| Tensor::<1>::from_data(TensorData::new(x, [n]), &device);
-        *old = Moments { m: t(m), v: t(v) };
-        true
-    }
-
     /// Sets a parameter's moments (flattened) on `device`, e.g. from a checkpoint.
     pub fn set(&mut self, id: ParamId, m: Vec<f32>, v: Vec<f32>, device: &Device) {
         let t = |x: Vec<f32>| {
@@ -100,6 +92,27 @@ impl AdamW {
             Tensor::<1>::from_data(TensorData::new(x, [n]), device)
         };
         self.moments.insert(id, Moments { m: t(m), v: t(v) });
+    }
+
+    /// Elements `range` of a parameter's (flattened) moments on the host; none before its first step.
+    pub fn host_range(&self, id: ParamId, range: std::ops::Range<usize>) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+        let Some(moments) = self.moments.get(&id) else { return Ok(None) };
+        let part = |t: &Tensor<1>| host_f32(t.clone().slice([range.clone()]), "optimizer moments");
+        Ok(Some((part(&moments.m)?, part(&moments.v)?)))
+    }
+
+    /// Writes `m` and `v` into a parameter's (flattened) moments from element `start`. Returns whether
+    /// it had moments (before its first step there are none to write).
+    pub fn assign_range(&mut self, id: ParamId, start: usize, m: &[f32], v: &[f32]) -> bool {
+        let Some(moments) = self.moments.remove(&id) else { return false };
+        let device = moments.m.device();
+        let range = start..start + m.len();
+        let assign = |t: Tensor<1>, x: &[f32]| {
+            let part = Tensor::<1>::from_data(TensorData::new(x.to_vec(), [x.len()]), &device);
+            t.slice_assign([range.clone()], part)
+        };
+        self.moments.insert(id, Moments { m: assign(moments.m, m), v: assign(moments.v, v) });
+        true
     }
 
     /// A parameter's moments, whole, on the host.

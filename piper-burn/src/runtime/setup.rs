@@ -326,7 +326,7 @@ fn check_stage<M: StageModel>(model: &M, spec: &ModelSpec, part: &StagePart) -> 
 
 /// Expert migration when the run asks for it and experts are spread over ranks: the plan's policy with
 /// the run's overrides; what one expert's move costs (f32 weights and both AdamW moments) over the
-/// platform's intra-node bandwidth.
+/// platform's intra-node bandwidth and through host memory.
 fn migrator(job: &Job, num_moe_total: usize, experts: usize, ep: usize) -> Result<Option<Migrator>> {
     if !job.run.migration || ep < 2 || job.spec.moe.is_none() {
         return Ok(None);
@@ -337,7 +337,7 @@ fn migrator(job: &Job, num_moe_total: usize, experts: usize, ep: usize) -> Resul
         check_every_steps: run.migration_every.unwrap_or(policy.check_every_steps as usize),
         max_swaps: policy.max_swaps,
         bytes_per_expert: expert_bytes(&job.spec, 12.0)?,
-        link_gbs: job.platform.topology.intra_node_default_gbs,
+        link_gbs: MigrationSettings::staged_gbs(job.platform.topology.intra_node_default_gbs, job.platform.memory_gbs),
         seconds_per_token: seconds_per_routed_token(job, ep)?,
         decision: run.migration_decision,
     };
