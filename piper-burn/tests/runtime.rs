@@ -319,17 +319,29 @@ mod expert_parallel_block {
         t.into_data().convert::<f32>().try_into_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
     }
 
-    /// An expert-parallel block (2 ranks) against the whole block on one rank: outputs and input
-    /// gradients, for a contiguous and a shuffled placement. With a zero router every token ties and
-    /// picks experts 0 and 1: under the contiguous placement rank 1's experts get no tokens and its rows of
-    /// the all-to-all are all empty.
+    /// An expert-parallel block (2 ranks) with a gated shared expert against the whole block on one
+    /// rank: outputs and input gradients, for a contiguous and a shuffled placement, with the shared
+    /// expert computed before the dispatch and while its rows travel (posted flat and pairwise exchanges;
+    /// HALO completes when posted). With a zero router every token ties and picks experts 0 and 1: under
+    /// the contiguous placement rank 1's experts get no tokens and its rows of the all-to-all are all empty.
     #[test]
     fn expert_parallel_blocks_equal_the_whole_block_including_ranks_without_tokens() {
-        for (placement, zero_router) in [(vec![0, 0, 1, 1], true), (vec![1, 0, 1, 0], false), (vec![1, 1, 0, 0], true)]
-        {
+        let cases = [
+            (vec![0, 0, 1, 1], true, false, A2aAlgo::Flat),
+            (vec![1, 0, 1, 0], false, false, A2aAlgo::Flat),
+            (vec![1, 1, 0, 0], true, false, A2aAlgo::Flat),
+            (vec![0, 0, 1, 1], true, true, A2aAlgo::Flat),
+            (vec![1, 0, 1, 0], false, true, A2aAlgo::Flat),
+            (vec![1, 0, 1, 0], false, true, A2aAlgo::Pairwise),
+            (vec![1, 0, 1, 0], false, true, A2aAlgo::Halo),
+        ];
+        for (placement, zero_router, overlap, algo) in cases {
             let results = LocalWorld::run(2, |c| {
                 let device = Device::flex().autodiff();
-                let config = MoeBlockConfig::new(RouterConfig::new(8, 4, 2), 6);
+                let config = MoeBlockConfig::new(RouterConfig::new(8, 4, 2), 6)
+                    .with_num_shared(1)
+                    .with_shared_ffn(5)
+                    .with_shared_gate(true);
                 let mut full = {
                     let _one = piper_burn::init_lock();
                     device.seed(1);
@@ -349,12 +361,9 @@ mod expert_parallel_block {
                 };
                 let x = Tensor::<3>::from_data(x.into_data(), &device).require_grad();
                 let rank = c.rank();
-                let group = ExchangeGroup::new(
-                    SharedComm::new(Box::new(c)),
-                    Arc::new(Topology::uniform(2, 2).unwrap()),
-                    A2aAlgo::Flat,
-                );
-                let dispatcher = Arc::new(AllToAllDispatcher { group, local_experts: 2, layer_group: None });
+                let group =
+                    ExchangeGroup::new(SharedComm::new(Box::new(c)), Arc::new(Topology::uniform(2, 2).unwrap()), algo);
+                let dispatcher = Arc::new(AllToAllDispatcher { group, local_experts: 2, layer_group: None, overlap });
                 let placement = ExpertPlacement::new(placement.clone(), 2).unwrap();
                 let sharded = full.clone().with_routing(dispatcher, placement, rank);
                 let (y_ep, stats) = sharded.forward(x.clone());

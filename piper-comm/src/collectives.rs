@@ -146,9 +146,39 @@ pub fn pairwise_bytes<C: Communicator + ?Sized>(
     recv_counts: &[usize],
     op: &str,
 ) -> Result<Vec<u8>> {
+    post_pairwise_bytes(comm, send, send_counts, recv_counts, op)?.wait(comm)
+}
+
+/// A pairwise all-to-all whose messages are posted and not yet waited for: work that does not need its
+/// rows runs while they travel, then [`PostedExchange::wait`] returns them (grouped by source rank).
+pub struct PostedExchange {
+    out: Vec<u8>,
+    pending: Vec<Box<dyn Pending>>,
+    /// The source of each posted receive, in `pending` order (sends follow).
+    from: Vec<usize>,
+    rdispl: Vec<usize>,
+    recv_counts: Vec<usize>,
+    op: String,
+}
+
+/// Posts [`pairwise_bytes`]' messages (every receive, then every send) and copies this rank's own rows.
+pub fn post_pairwise_bytes<C: Communicator + ?Sized>(
+    comm: &C,
+    send: &[u8],
+    send_counts: &[usize],
+    recv_counts: &[usize],
+    op: &str,
+) -> Result<PostedExchange> {
     comm.check_usable()?;
     let n = comm.size();
     check_counts(op, send.len(), send_counts, n)?;
+    if recv_counts.len() != n {
+        return Err(CommError::invalid(
+            op,
+            "recv_counts",
+            format!("has {} entries for a group of {n}", recv_counts.len()),
+        ));
+    }
     let me = comm.rank();
     let sdispl = displacements(send_counts);
     let rdispl = displacements(recv_counts);
@@ -160,18 +190,39 @@ pub fn pairwise_bytes<C: Communicator + ?Sized>(
         from.push(peer);
     }
     for peer in (0..n).filter(|p| *p != me && send_counts[*p] > 0) {
-        pending.push(comm.isend(
-            peer,
-            tags::ALL_TO_ALL,
-            send[sdispl[peer]..sdispl[peer] + send_counts[peer]].to_vec(),
-        )?);
+        let rows = send[sdispl[peer]..sdispl[peer] + send_counts[peer]].to_vec();
+        pending.push(comm.isend(peer, tags::ALL_TO_ALL, rows)?);
     }
     out[rdispl[me]..rdispl[me] + recv_counts[me]].copy_from_slice(&send[sdispl[me]..sdispl[me] + send_counts[me]]);
-    let data = wait_all(comm, pending, op)?;
-    for (peer, bytes) in from.into_iter().zip(data) {
-        out[rdispl[peer]..rdispl[peer] + recv_counts[peer]].copy_from_slice(&bytes);
+    Ok(PostedExchange { out, pending, from, rdispl, recv_counts: recv_counts.to_vec(), op: op.to_string() })
+}
+
+impl PostedExchange {
+    /// An exchange that is already complete (an algorithm whose phases cannot be posted at once).
+    pub fn complete(received: Vec<u8>) -> Self {
+        PostedExchange {
+            out: received,
+            pending: Vec::new(),
+            from: Vec::new(),
+            rdispl: Vec::new(),
+            recv_counts: Vec::new(),
+            op: String::new(),
+        }
     }
-    Ok(out)
+
+    /// Waits for every message (deadline and errors as [`wait_all`]'s) and returns the rows received,
+    /// grouped by source rank.
+    pub fn wait<C: Communicator + ?Sized>(self, comm: &C) -> Result<Vec<u8>> {
+        let PostedExchange { mut out, pending, from, rdispl, recv_counts, op } = self;
+        if pending.is_empty() {
+            return Ok(out);
+        }
+        let data = wait_all(comm, pending, &op)?;
+        for (peer, bytes) in from.into_iter().zip(data) {
+            out[rdispl[peer]..rdispl[peer] + recv_counts[peer]].copy_from_slice(&bytes);
+        }
+        Ok(out)
+    }
 }
 
 /// Typed variable all-to-all through the communicator's flat algorithm: exchanges counts first, returns

@@ -6,7 +6,7 @@
 mod dedup;
 
 use dedup::dispatch_dedup;
-use piper_comm::alltoall::{Algo, all_to_all_v, all_to_all_v_bytes_known, reference};
+use piper_comm::alltoall::{Algo, all_to_all_v, all_to_all_v_bytes_known, post_all_to_all_v_bytes_known, reference};
 use piper_comm::{Communicator, GroupNodes, LocalWorld, Topology};
 use proptest::prelude::*;
 
@@ -39,6 +39,22 @@ fn check_all_algorithms(node_of: Vec<usize>, counts: Vec<Vec<usize>>) {
         for (d, recv) in got.into_iter().enumerate() {
             let want: Vec<u8> = expect[d].iter().flat_map(|v| v.to_le_bytes()).collect();
             assert_eq!(recv, want, "{} (known counts) rank {d}", algo.name());
+        }
+        // Posted, with other messages sent and received between posting and waiting: the same bytes.
+        let got = LocalWorld::run(n, |c| {
+            let me = c.rank();
+            let bytes: Vec<u8> = sends[me].iter().flat_map(|v| v.to_le_bytes()).collect();
+            let send_counts: Vec<usize> = counts[me].iter().map(|x| x * 8).collect();
+            let recv_counts: Vec<usize> = (0..n).map(|s| counts[s][me] * 8).collect();
+            let posted =
+                post_all_to_all_v_bytes_known(algo, &c, &topo, &bytes, &send_counts, &recv_counts, "posted").unwrap();
+            let meanwhile = all_to_all_v(Algo::Flat, &c, &topo, &vec![me as u64; n], &vec![1; n], "meanwhile").unwrap();
+            assert_eq!(meanwhile.0, (0..n as u64).collect::<Vec<_>>());
+            posted.wait(&c).unwrap()
+        });
+        for (d, recv) in got.into_iter().enumerate() {
+            let want: Vec<u8> = expect[d].iter().flat_map(|v| v.to_le_bytes()).collect();
+            assert_eq!(recv, want, "{} (posted) rank {d}", algo.name());
         }
     }
 }

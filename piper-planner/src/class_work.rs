@@ -20,6 +20,8 @@ pub struct LayerTables {
     pub experts_s: f64,
     /// The attention core.
     pub attention_s: f64,
+    /// Of `linear_s`: the shared experts.
+    pub shared_s: f64,
 }
 
 impl LayerTables {
@@ -51,6 +53,7 @@ pub fn layer_tables(
         linear_s: gemm(proj_flops * t, t, q_width, d),
         experts_s: 0.0,
         attention_s: core_flops * t / (peak * platform.attention_efficiency(cfg.seq_len)),
+        shared_s: 0.0,
     };
     match (kind, &spec.moe) {
         (LayerKind::Moe, Some(moe)) => {
@@ -60,8 +63,9 @@ pub fn layer_tables(
             out.experts_s =
                 if flops > 0.0 { flops / (peak * platform.experts_efficiency(per_expert, f, d)) } else { 0.0 };
             let shared = moe.shared_expert();
-            out.linear_s +=
+            out.shared_s =
                 gemm(t * moe.num_shared_experts as f64 * mlp_forward_flops(d, &shared), t, shared.intermediate_size, d);
+            out.linear_s += out.shared_s;
         }
         _ => {
             if let Some(m) = &spec.dense_mlp {

@@ -159,6 +159,10 @@ pub struct TrainConfig {
     pub expert_activation_recomputed: bool,
     /// Tokens on the busiest expert rank ÷ the mean (1 = perfectly balanced routing).
     pub expert_imbalance: f64,
+    /// The shared experts' forward runs while the expert dispatch's rows travel (flat or pairwise
+    /// all-to-all), hiding up to its compute of that exchange.
+    #[serde(default)]
+    pub shared_expert_overlap: bool,
 }
 
 impl TrainConfig {
@@ -178,6 +182,7 @@ impl TrainConfig {
             flash_attention: true,
             expert_activation_recomputed: false,
             expert_imbalance: 1.0,
+            shared_expert_overlap: false,
         }
     }
 
@@ -329,14 +334,17 @@ pub const RUNTIME_DTYPE: &str = "fp32";
 /// Piper's runtime runs flash attention on every backend: its fused causal attention keeps each row's
 /// log-sum-exp for the backward, not the `s × s` scores (`kernels_cubecl::causal_attention`).
 pub const RUNTIME_FLASH_ATTENTION: bool = true;
+/// Piper's runtime computes the shared experts while the expert dispatch's rows travel
+/// (`MoeBlock::forward`, the flat and pairwise all-to-alls; `--overlap off` turns it off).
+pub const RUNTIME_SHARED_EXPERT_OVERLAP: bool = true;
 /// Piper's routed experts recompute their activation in the backward: `kernels_cubecl::routed_experts`
 /// keeps the gate and up projections and its output rows.
 pub const RUNTIME_EXPERT_ACTIVATION_RECOMPUTED: bool = true;
 
 /// How Piper's runtime (piper-burn) trains, as the planner prices it — the one definition runtime plans,
 /// calibration's memory fit and calibrated platforms share: [`RUNTIME_DTYPE`] weights, gradients and
-/// AdamW moments (4 + 4 + 8 bytes per parameter), [`RUNTIME_FLASH_ATTENTION`] and
-/// [`RUNTIME_EXPERT_ACTIVATION_RECOMPUTED`], with the run's shape, schedule and recompute mode.
+/// AdamW moments (4 + 4 + 8 bytes per parameter), [`RUNTIME_FLASH_ATTENTION`],
+/// [`RUNTIME_EXPERT_ACTIVATION_RECOMPUTED`] and [`RUNTIME_SHARED_EXPERT_OVERLAP`], with the run's shape, schedule and recompute mode.
 pub fn runtime_train_config(
     seq_len: u64,
     micro_batch_size: u64,
@@ -355,6 +363,7 @@ pub fn runtime_train_config(
         optimizer_bytes: 8.0,
         flash_attention: RUNTIME_FLASH_ATTENTION,
         expert_activation_recomputed: RUNTIME_EXPERT_ACTIVATION_RECOMPUTED,
+        shared_expert_overlap: RUNTIME_SHARED_EXPERT_OVERLAP,
         ..TrainConfig::new(seq_len)
     }
 }

@@ -9,7 +9,9 @@
 //! (m = T). Backward = 2 × forward; full recompute adds a forward; selective recompute adds the dense MLPs'
 //! and shared experts' SwiGLU forward and, unless attention is flash attention, the attention core.
 //! Each MoE layer adds 4 all-to-alls (dispatch and combine, forward and backward; 6 with full recompute)
-//! of T·k·d·e/EP bytes per peer. Communication is not overlapped with compute.
+//! of T·k·d·e/EP bytes per peer. Where the runtime overlaps them (`shared_expert_overlap`, flat or
+//! pairwise all-to-all), the forward dispatch hides behind the shared experts' forward: it costs what
+//! of its link time that compute does not cover. No other communication overlaps compute.
 
 use std::borrow::Cow;
 
@@ -25,6 +27,14 @@ use crate::model::{LayerKind, ModelSpec, training_flops_per_token};
 use crate::platform::{ClassWork, Platform};
 use crate::runtime_work::{dense_swiglu_elements, head_elements, layer_elements};
 use crate::schedule::{Op, Simulation, simulate};
+
+/// Of one forward dispatch's `a2a_s`, what the shared experts' forward (`shared_fwd_s`) hides where the
+/// runtime overlaps them: the exchange must be posted at once (flat or pairwise; HALO's phases wait on
+/// each other).
+fn dispatch_hidden_s(cfg: &TrainConfig, algo: A2aAlgo, a2a_s: f64, shared_fwd_s: f64) -> f64 {
+    let posted = matches!(algo, A2aAlgo::Flat | A2aAlgo::Pairwise);
+    if cfg.shared_expert_overlap && posted { a2a_s.min(shared_fwd_s) } else { 0.0 }
+}
 
 /// Seconds per micro-batch of one layer on one rank.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -199,6 +209,11 @@ impl<'a> CostModel<'a> {
                 }
             };
             let fwd = total / 3.0;
+            let shared_fwd_s = match &platform.step_costs {
+                Some(sc) => sc.linear * tables.shared_s,
+                None => tables.shared_s,
+            };
+            let hidden = dispatch_hidden_s(cfg, algo, a2a_each, shared_fwd_s);
             let (recompute_s, recompute_a2a) = match cfg.recompute {
                 Recompute::None => (0.0, 0.0),
                 // Flash attention recomputes its scores in any mode; otherwise selective recomputes
@@ -219,7 +234,7 @@ impl<'a> CostModel<'a> {
             Ok(LayerTime {
                 forward_compute_s: fwd,
                 backward_compute_s: total - fwd + recompute_s,
-                forward_a2a_s: 2.0 * a2a_each,
+                forward_a2a_s: 2.0 * a2a_each - hidden,
                 backward_a2a_s: 2.0 * a2a_each + recompute_a2a,
                 exchange_wait_s,
             })
@@ -550,5 +565,37 @@ mod tests {
         // Mixtral-style: no dense MLP, no shared expert — nothing more to recompute under flash attention.
         assert_eq!(backward("tiny", Recompute::Selective, true), backward("tiny", Recompute::None, true));
         assert!(backward("tiny", Recompute::Selective, false) > backward("tiny", Recompute::None, false));
+    }
+
+    /// With the shared experts overlapping the dispatch, a forward's exchange costs its link time less
+    /// what the shared experts' forward covers (flat and pairwise); HALO, a model without shared experts
+    /// and one rank per expert group hide nothing.
+    #[test]
+    fn shared_experts_hide_the_forward_dispatch() {
+        let platform = crate::platform::preset("local").unwrap();
+        let forward = |name: &str, ep: u64, algo, overlap| {
+            let spec = preset(name).unwrap();
+            let cfg = TrainConfig { shared_expert_overlap: overlap, dtype: "fp32".into(), ..TrainConfig::new(64) };
+            let model = CostModel::new(&spec, &platform, &Layout { pp: 1, ep, dp: 1 }, &cfg, algo).unwrap();
+            let moe = spec.layers.iter().position(|k| *k == LayerKind::Moe).unwrap();
+            (model.layers[moe], spec, cfg)
+        };
+        for algo in [A2aAlgo::Flat, A2aAlgo::Pairwise] {
+            let (off, spec, cfg) = forward("tiny-deepseek", 2, algo, false);
+            let (on, ..) = forward("tiny-deepseek", 2, algo, true);
+            let a2a_each = exchange_link_s(&spec, &platform, &cfg, 2, LayerKind::Moe, algo).unwrap();
+            let shared_s = layer_tables(&spec, &platform, &cfg, 2, LayerKind::Moe).unwrap().shared_s;
+            assert!(a2a_each > 0.0 && shared_s > 0.0, "{a2a_each} {shared_s}");
+            assert_eq!(off.forward_a2a_s, 2.0 * a2a_each);
+            let want = 2.0 * a2a_each - a2a_each.min(shared_s);
+            assert!((on.forward_a2a_s - want).abs() <= 1e-12 * want, "{algo:?}: {} vs {want}", on.forward_a2a_s);
+            assert_eq!((on.backward_a2a_s, on.forward_compute_s), (off.backward_a2a_s, off.forward_compute_s));
+        }
+        let halo = |overlap| forward("tiny-deepseek", 2, A2aAlgo::Halo, overlap).0;
+        assert_eq!(halo(true), halo(false));
+        let mixtral = |overlap| forward("tiny", 2, A2aAlgo::Flat, overlap).0;
+        assert_eq!(mixtral(true), mixtral(false));
+        let one_rank = |overlap| forward("tiny-deepseek", 1, A2aAlgo::Flat, overlap).0;
+        assert_eq!(one_rank(true), one_rank(false));
     }
 }

@@ -111,6 +111,18 @@ impl MoeBlock {
         }
     }
 
+    /// The shared experts' output (gated where the block has a gate), if the block has shared experts.
+    ///
+    /// # Shapes
+    /// - `x_td`: `[t, d]` → `[t, d]`
+    fn shared_forward(&self, x_td: Tensor<2>) -> Option<Tensor<2>> {
+        let shared_td = self.shared.as_ref()?.forward(x_td.clone());
+        Some(match &self.shared_gate {
+            Some(gate) => shared_td * sigmoid(linear(gate, x_td)),
+            None => shared_td,
+        })
+    }
+
     /// # Shapes
     /// - `x_bsd`: `[b, s, d]` → `[b, s, d]`
     pub fn forward(&self, x_bsd: Tensor<3>) -> (Tensor<3>, MoeStats) {
@@ -122,23 +134,28 @@ impl MoeBlock {
         let positions = self.routing.as_ref().map(|r| r.positions.as_slice());
         // Rows sorted by expert position (destination rank, then local slot); counts per position.
         let plan = PermutePlan::with_positions(&routing.topk_idx_tk, num_experts, positions);
-        let mut out_td = match &self.routing {
+        // The shared experts need no routed row: with experts on other ranks they compute while the
+        // dispatched rows travel.
+        let mut shared_td = None;
+        let routed_td = match &self.routing {
             Some(r) if r.placement.ranks() > 1 => {
-                let (x_qd, handle) = r.dispatcher.dispatch(permute(x_td.clone(), &plan), &plan.counts_e);
+                let x_pd = permute(x_td.clone(), &plan);
+                let mut overlap = || shared_td = self.shared_forward(x_td.clone());
+                let (x_qd, handle) = r.dispatcher.dispatch_overlapped(x_pd, &plan.counts_e, &mut overlap);
                 let y_qd = self.experts.forward(x_qd, &handle.local_counts);
                 unpermute(r.dispatcher.combine(y_qd, &handle), routing.topk_w_tk.clone(), &plan)
             }
             // Every expert on this rank (a one-rank dispatcher only shares the layer's load): permute,
             // experts and unpermute as one operation (fused on the CPU).
-            _ => self.experts.forward_routed(x_td.clone(), routing.topk_w_tk.clone(), &plan),
-        };
-        if let Some(shared) = &self.shared {
-            let mut shared_td = shared.forward(x_td.clone());
-            if let Some(gate) = &self.shared_gate {
-                shared_td = shared_td * sigmoid(linear(gate, x_td));
+            _ => {
+                shared_td = self.shared_forward(x_td.clone());
+                self.experts.forward_routed(x_td.clone(), routing.topk_w_tk.clone(), &plan)
             }
-            out_td = out_td + shared_td;
-        }
+        };
+        let out_td = match shared_td {
+            Some(shared_td) => routed_td + shared_td,
+            None => routed_td,
+        };
         let tokens_per_expert: Vec<usize> = match positions {
             Some(pos) => pos.iter().map(|p| plan.counts_e[*p]).collect(),
             None => plan.counts_e,

@@ -142,6 +142,10 @@ pub struct RunArgs {
     /// planner's default policy), `off` never moves an expert.
     #[arg(long, value_parser = ["plan", "off"], default_value = "plan")]
     pub migration: String,
+    /// `on`: shared experts compute while the expert dispatch's rows travel (flat or pairwise
+    /// all-to-all; HALO's phases wait on each other); `off`: before the dispatch.
+    #[arg(long, value_parser = ["on", "off"], default_value = "on")]
+    pub overlap: String,
     /// Overrides the policy's threshold (max/mean tokens per rank of an expert group, ≥ 1).
     #[arg(long)]
     pub migration_threshold: Option<f64>,
@@ -285,6 +289,7 @@ impl RunArgs {
             .with_seed(self.seed)
             .with_eval_every(self.eval_every)
             .with_eval_tokens(self.eval_tokens)
+            .with_overlap(self.overlap == "on")
             .with_migration(self.migration == "plan")
             .with_migration_threshold(self.migration_threshold)
             .with_migration_every(self.migration_every)

@@ -87,6 +87,10 @@ pub struct RunConfig {
     pub migration_every: Option<usize>,
     #[config(default = "MigrationDecision::Payoff")]
     pub migration_decision: MigrationDecision,
+    /// Shared experts compute while the expert dispatch's rows travel (expert parallelism with the flat
+    /// or pairwise all-to-all); `false`: before it.
+    #[config(default = true)]
+    pub overlap: bool,
     /// A skewed workload: experts `0..hot_experts` of every MoE layer draw about `hot_factor` times
     /// their balanced share of tokens (a fixed router bias; 0: off).
     #[config(default = 0)]

@@ -98,13 +98,16 @@ pub fn plan_from_flags(
         ));
     }
     let split = flags.split.clone().unwrap_or_else(|| StageSplit::even(spec.num_layers, l.pp));
-    let cfg = runtime_train_config(
-        run.seq_len as u64,
-        (run.global_batch / per_step) as u64,
-        flags.micro_batches as u64,
-        flags.schedule,
-        flags.recompute,
-    );
+    let cfg = TrainConfig {
+        shared_expert_overlap: run.overlap,
+        ..runtime_train_config(
+            run.seq_len as u64,
+            (run.global_batch / per_step) as u64,
+            flags.micro_batches as u64,
+            flags.schedule,
+            flags.recompute,
+        )
+    };
     let candidate = price(spec, platform, &l, &cfg, flags.all_to_all, &split)?;
     Ok(RunPlan::from_candidate(spec, &platform.name, run.seq_len as u64, RUNTIME_DTYPE, &candidate))
 }
@@ -115,7 +118,7 @@ pub fn plan_auto(spec: &ModelSpec, platform: &Platform, run: &RunConfig, ranks: 
     run.validate()?;
     let mut req = PlanRequest::new(ranks as u64, run.global_batch as u64, run.seq_len as u64);
     let base = runtime_train_config(run.seq_len as u64, 1, 1, Schedule::OneFOneB, Recompute::None);
-    req.base = base;
+    req.base = TrainConfig { shared_expert_overlap: run.overlap, ..base };
     req.schedules = vec![Schedule::OneFOneB, Schedule::GPipe];
     req.recomputes = vec![Recompute::None, Recompute::Selective, Recompute::Full];
     req.algos = vec![A2aAlgo::Flat, A2aAlgo::Halo];

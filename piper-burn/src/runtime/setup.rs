@@ -246,6 +246,7 @@ fn dispatcher(
             group: ExchangeGroup::new(SharedComm::new(expert_comm), Arc::new(job.topo.clone()), job.plan.all_to_all),
             local_experts: placement.local_experts(),
             layer_group,
+            overlap: job.run.overlap,
         }))
     } else if share_load {
         Some(Arc::new(LocalDispatcher { layer_group }))

@@ -6,7 +6,8 @@ pub mod halo;
 
 use bytemuck::Pod;
 
-use crate::collectives::{check_counts, exchange_counts, from_bytes, pairwise_bytes};
+pub use crate::collectives::PostedExchange;
+use crate::collectives::{check_counts, exchange_counts, from_bytes, pairwise_bytes, post_pairwise_bytes};
 use crate::communicator::Communicator;
 use crate::error::{CommError, Result};
 use crate::topology::{GroupNodes, Topology};
@@ -66,6 +67,33 @@ pub fn all_to_all_v_bytes_known<C: Communicator + ?Sized>(
             let layout = GroupNodes::new(comm, topo)?;
             Ok(halo::halo_all_to_all_v(comm, &layout, send, send_counts, Some(recv_counts), op)?.0)
         }
+    }
+}
+
+/// [`all_to_all_v_bytes_known`] posted: returns while the rows travel, so independent work can run
+/// before [`PostedExchange::wait`]. Flat and pairwise post every peer's message at once (point to
+/// point: a posted flat exchange is the pairwise one); HALO's phases wait on each other, so it runs to
+/// completion here and nothing overlaps it.
+pub fn post_all_to_all_v_bytes_known<C: Communicator + ?Sized>(
+    algo: Algo,
+    comm: &C,
+    topo: &Topology,
+    send: &[u8],
+    send_counts: &[usize],
+    recv_counts: &[usize],
+    op: &str,
+) -> Result<PostedExchange> {
+    match algo {
+        Algo::Flat | Algo::Pairwise => post_pairwise_bytes(comm, send, send_counts, recv_counts, op),
+        Algo::Halo => Ok(PostedExchange::complete(all_to_all_v_bytes_known(
+            algo,
+            comm,
+            topo,
+            send,
+            send_counts,
+            recv_counts,
+            op,
+        )?)),
     }
 }
 

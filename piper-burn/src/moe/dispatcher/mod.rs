@@ -16,7 +16,7 @@ use std::fmt::Debug;
 
 use burn::prelude::*;
 
-use exchange::{ExchangeGroup, exchange_rows};
+use exchange::{ExchangeGroup, exchange_rows, post_rows};
 pub use placement::{ExpertPlacement, PlacementError};
 pub use shared_comm::SharedComm;
 
@@ -41,6 +41,18 @@ pub trait TokenDispatcher: Send + Sync + Debug {
     /// Sends the rows `x_pd` (sorted by expert position, `counts_p[i]` rows for position i) to the ranks
     /// holding their experts. Returns this rank's experts' rows, sorted by local expert, and the handle.
     fn dispatch(&self, x_pd: Tensor<2>, counts_p: &[usize]) -> (Tensor<2>, DispatchHandle);
+
+    /// [`Self::dispatch`] with `overlap` (work that does not need the rows: the shared experts) run while
+    /// the rows travel, where the dispatcher can post its exchange; otherwise before it.
+    fn dispatch_overlapped(
+        &self,
+        x_pd: Tensor<2>,
+        counts_p: &[usize],
+        overlap: &mut dyn FnMut(),
+    ) -> (Tensor<2>, DispatchHandle) {
+        overlap();
+        self.dispatch(x_pd, counts_p)
+    }
 
     /// Sends the experts' outputs back (the inverse of `dispatch`), in the order `x_pd` had.
     fn combine(&self, y_qd: Tensor<2>, handle: &DispatchHandle) -> Tensor<2>;
@@ -102,30 +114,47 @@ pub struct AllToAllDispatcher {
     pub local_experts: usize,
     /// The ranks that share the layer (the stage's EP × DP ranks), for the global load.
     pub layer_group: Option<SharedComm>,
+    /// Whether `dispatch_overlapped` posts the exchange and runs its work while the rows travel.
+    pub overlap: bool,
 }
 
-impl TokenDispatcher for AllToAllDispatcher {
-    fn begin_forward(&self) {
-        self.group.reset_chain();
-    }
+const DISPATCH: &str = "expert dispatch all-to-all";
 
-    fn dispatch(&self, x_pd: Tensor<2>, counts_p: &[usize]) -> (Tensor<2>, DispatchHandle) {
+/// The rows of one dispatch, from the layer's one count exchange.
+struct DispatchCounts {
+    /// Rows to and from each rank of the group.
+    send: Vec<usize>,
+    recv: Vec<usize>,
+    /// Rows from each source for each local expert.
+    from: Vec<Vec<usize>>,
+}
+
+impl AllToAllDispatcher {
+    /// Rows per (destination rank, its local expert), and — the one count exchange of this layer and
+    /// micro-batch — what every source sends here.
+    fn exchange_counts(&self, counts_p: &[usize]) -> DispatchCounts {
         let comm = self.group.comm.get();
         let (n, local) = (comm.size(), self.local_experts);
         assert_eq!(counts_p.len(), n * local, "dispatch: {} counts for {n} ranks × {local} experts", counts_p.len());
-        // Rows per (destination rank, its local expert), and — the one count exchange of this layer and
-        // micro-batch — what every source sends here.
-        let send_counts: Vec<usize> = counts_p.chunks(local).map(|c| c.iter().sum()).collect();
+        let send: Vec<usize> = counts_p.chunks(local).map(|c| c.iter().sum()).collect();
         let counts_u64: Vec<u64> = counts_p.iter().map(|c| *c as u64).collect();
         let (incoming, _) =
             piper_comm::collectives::all_to_all_v(comm, &counts_u64, &vec![local; n], "expert counts exchange")
                 .unwrap_or_else(|e| panic!("{e}"));
         let from: Vec<Vec<usize>> = incoming.chunks(local).map(|c| c.iter().map(|x| *x as usize).collect()).collect();
-        let recv_counts: Vec<usize> = from.iter().map(|c| c.iter().sum()).collect();
-        let x_qd = exchange_rows(x_pd, &self.group, &send_counts, &recv_counts, "expert dispatch all-to-all");
-        // Received rows are grouped by source, then local expert; the experts want them by expert.
-        let source_start = piper_comm::collectives::displacements(&recv_counts);
-        let mut order: Vec<i64> = Vec::with_capacity(recv_counts.iter().sum());
+        let recv = from.iter().map(|c| c.iter().sum()).collect();
+        DispatchCounts { send, recv, from }
+    }
+}
+
+impl DispatchCounts {
+    /// The received rows `x_qd` (grouped by source, then local expert) sorted by local expert, and the
+    /// handle that undoes it.
+    fn by_local_expert(self, x_qd: Tensor<2>) -> (Tensor<2>, DispatchHandle) {
+        let DispatchCounts { send, recv, from } = self;
+        let (n, local) = (from.len(), from.first().map_or(0, Vec::len));
+        let source_start = piper_comm::collectives::displacements(&recv);
+        let mut order: Vec<i64> = Vec::with_capacity(recv.iter().sum());
         for j in 0..local {
             for s in 0..n {
                 let start = source_start[s] + from[s][..j].iter().sum::<usize>();
@@ -142,7 +171,36 @@ impl TokenDispatcher for AllToAllDispatcher {
         let inverse_q = Tensor::<1, Int>::from_data(TensorData::new(inverse, [q]), &device);
         let by_expert = x_qd.select(0, order_q.clone());
         let local_counts = (0..local).map(|j| from.iter().map(|c| c[j]).sum()).collect();
-        (by_expert, DispatchHandle { send_counts, recv_counts, local_counts, order: Some((order_q, inverse_q)) })
+        let order = Some((order_q, inverse_q));
+        (by_expert, DispatchHandle { send_counts: send, recv_counts: recv, local_counts, order })
+    }
+}
+
+impl TokenDispatcher for AllToAllDispatcher {
+    fn begin_forward(&self) {
+        self.group.reset_chain();
+    }
+
+    fn dispatch(&self, x_pd: Tensor<2>, counts_p: &[usize]) -> (Tensor<2>, DispatchHandle) {
+        let counts = self.exchange_counts(counts_p);
+        let x_qd = exchange_rows(x_pd, &self.group, &counts.send, &counts.recv, DISPATCH);
+        counts.by_local_expert(x_qd)
+    }
+
+    fn dispatch_overlapped(
+        &self,
+        x_pd: Tensor<2>,
+        counts_p: &[usize],
+        overlap: &mut dyn FnMut(),
+    ) -> (Tensor<2>, DispatchHandle) {
+        if !self.overlap {
+            overlap();
+            return self.dispatch(x_pd, counts_p);
+        }
+        let counts = self.exchange_counts(counts_p);
+        let posted = post_rows(x_pd, &self.group, &counts.send, &counts.recv, DISPATCH);
+        overlap();
+        counts.by_local_expert(posted.finish())
     }
 
     fn combine(&self, y_qd: Tensor<2>, h: &DispatchHandle) -> Tensor<2> {
