@@ -11,7 +11,9 @@ use crate::collectives::{all_gather, barrier};
 use crate::communicator::{Communicator, wait_all};
 use crate::launch::{host_cores, local_ranks, threads_per_rank};
 use crate::topology::Topology;
-use piper_planner::layout::{RUNTIME_EXPERT_ACTIVATION_RECOMPUTED, RUNTIME_FLASH_ATTENTION};
+use piper_planner::layout::{
+    RUNTIME_EXPERT_ACTIVATION_RECOMPUTED, RUNTIME_FLASH_ATTENTION, RUNTIME_SHARED_EXPERT_OVERLAP,
+};
 use piper_planner::platform::{GemmTable, Link, Platform, Topology as PlatformTopology};
 
 /// Seconds per call of `f`, the best of `reps` after one warm-up.
@@ -258,6 +260,7 @@ pub fn measure_links(world: &dyn Communicator, topo: &Topology, name: &str) -> R
         train_dtype: None,
         flash_attention: Some(RUNTIME_FLASH_ATTENTION),
         expert_activation_recomputed: Some(RUNTIME_EXPERT_ACTIVATION_RECOMPUTED),
+        shared_expert_overlap: Some(RUNTIME_SHARED_EXPERT_OVERLAP),
         refinement: None,
     };
     platform.validate().map_err(|e| format!("calibration produced an invalid platform: {e}"))?;

@@ -10,7 +10,10 @@ use super::step_costs::{StepRun, WorkClass, fit_step_costs};
 use super::threads::{ThreadCosts, threads_per_rank};
 use crate::class_work::class_work;
 use crate::error::{Error, Result};
-use crate::layout::{RUNTIME_DTYPE, RUNTIME_EXPERT_ACTIVATION_RECOMPUTED, RUNTIME_FLASH_ATTENTION, TrainConfig};
+use crate::layout::{
+    RUNTIME_DTYPE, RUNTIME_EXPERT_ACTIVATION_RECOMPUTED, RUNTIME_FLASH_ATTENTION, RUNTIME_SHARED_EXPERT_OVERLAP,
+    TrainConfig,
+};
 use crate::limits;
 use crate::model::ModelSpec;
 
@@ -151,6 +154,7 @@ pub fn with_runtime(
         train_dtype: Some(RUNTIME_DTYPE.into()),
         flash_attention: Some(RUNTIME_FLASH_ATTENTION),
         expert_activation_recomputed: Some(RUNTIME_EXPERT_ACTIVATION_RECOMPUTED),
+        shared_expert_overlap: Some(RUNTIME_SHARED_EXPERT_OVERLAP),
         refinement: None,
         ..base
     };

@@ -67,6 +67,10 @@ pub struct Platform {
     /// instead of holding it (absent: no; Piper's fused routed-experts op does).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_activation_recomputed: Option<bool>,
+    /// Whether the platform's runtime computes the shared experts while the expert dispatch's rows
+    /// travel (absent: no; Piper's runtime does, `--overlap on`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_expert_overlap: Option<bool>,
     /// Measured ÷ predicted of the runs in the history (`piper calibrate --refine`); absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refinement: Option<super::refinement::Refinement>,

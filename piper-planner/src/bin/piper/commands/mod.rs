@@ -120,6 +120,7 @@ impl TrainArgs {
             zero1: self.zero1,
             flash_attention: !self.no_flash_attention && platform.flash_attention.unwrap_or(true),
             expert_activation_recomputed: platform.expert_activation_recomputed.unwrap_or(false),
+            shared_expert_overlap: platform.shared_expert_overlap.unwrap_or(false),
             expert_imbalance: self.expert_imbalance,
             ..TrainConfig::new(self.seq_len)
         }
