@@ -38,6 +38,13 @@ fn median_of(reps: usize, mut f: impl FnMut()) -> f64 {
     t[t.len() / 2]
 }
 
+/// Timed repetitions (after the warm-up) of a GEMM-bound measurement of `flops`: about 2·10⁸ FLOPs of
+/// them, at least 1 and at most 15. The largest shapes (tens of GFLOPs, seconds on one core) vary by a
+/// few percent between calls, the small ones by much more, so the repetitions go where the noise is.
+fn reps_for(flops: f64) -> usize {
+    ((2e8 / flops) as usize).clamp(1, 15)
+}
+
 /// A leaf tensor that records gradients, `[rows, cols]` of normal values.
 fn leaf(rows: usize, cols: usize, device: &Device) -> Tensor<2> {
     Tensor::<2>::random([rows, cols], burn::tensor::Distribution::Normal(0.0, 1.0), device).require_grad()
@@ -136,7 +143,7 @@ pub struct Measured {
 fn linear_efficiency(device: &Device, m: usize, n: usize, k: usize, peak_flops: f64) -> f64 {
     let x = leaf(m, k, device);
     let w = leaf(k, n, device);
-    let reps = ((2e8 / (6.0 * (m * n * k) as f64)) as usize).clamp(3, 15);
+    let reps = reps_for(6.0 * (m * n * k) as f64);
     let t = median_of(reps, || {
         let grads = x.clone().matmul(w.clone()).sum().backward();
         std::hint::black_box((x.grad(&grads).map(|g| g.into_data()), w.grad(&grads).map(|g| g.into_data())));
@@ -159,7 +166,7 @@ fn experts_efficiency(device: &Device, m: usize, f: usize, d: usize, peak_flops:
         |a, b| Tensor::<3>::random([e, a, b], burn::tensor::Distribution::Normal(0.0, 0.05), device).require_grad();
     let (gate, up, down) = (weights(d, f), weights(d, f), weights(f, d));
     let flops = 3.0 * 6.0 * (t * k * d * f) as f64;
-    let reps = ((2e8 / flops) as usize).clamp(3, 15);
+    let reps = reps_for(flops);
     let time = median_of(reps, || {
         let y = kernels_cubecl::routed_experts(
             x.clone(),

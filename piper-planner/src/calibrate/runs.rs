@@ -116,15 +116,15 @@ pub const PROFILE_STEPS: u64 = 8;
 /// with 2 threads, `train-mixtral-s` with EP = 2 took 228, 212 and 207 ms per step over the steps after
 /// the third of 8-, 16- and 30-step runs (its fused pair 162 and 170 ms at 8 and 30), and with DP = 2
 /// 224 and 171 ms at 10 and 30 steps (the gradient reduction 30 and 9 ms) — 8 steps booked the settling
-/// to the exchange and to the replicas' synchronisation.
-pub const MULTI_RANK_STEPS: u64 = 20;
+/// to the exchange and to the replicas' synchronisation; 16 are within 2.5% of 30.
+pub const MULTI_RANK_STEPS: u64 = 16;
 /// Interleaved rounds of the profiled runs (each round a row of the fit).
 pub const PROFILE_ROUNDS: usize = 2;
 /// Seconds and most steps of a memory run (the last round on every core). The runtime's peak RSS grows
 /// over the first ~100 steps (mimalloc's per-thread pools, which keep freed pages, fill) and varies by
 /// up to 30% between short runs: the main job's model measured 94–122 MiB after 8 steps and 134–136 MiB
-/// after 200, on an AMD EPYC Zen 4 with 2 threads.
-pub const MEMORY_SECONDS: f64 = 3.0;
+/// after 200, on an AMD EPYC Zen 4 with 2 threads; 2 s take it past 100 steps.
+pub const MEMORY_SECONDS: f64 = 2.0;
 pub const MEMORY_STEPS: u64 = 200;
 
 #[cfg(test)]
