@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Shared experts overlapping the expert dispatch, side by side: two emulated nodes of one rank each
-# (scripts/emulate-fabric.sh: network namespaces joined by links shaped to RATE, so the all-to-all
-# crosses a slow link), EP=2 on a DeepSeek-style model with shared experts, `--overlap on` and
-# `--overlap off` alternating for ROUNDS rounds. Per run: the median step time and the step the planner
+# (scripts/emulate-fabric.sh: network namespaces joined by links shaped to RATE, so every message
+# crosses a slow link), LAYOUT (default `--ep 2`) on a DeepSeek-style model with shared experts,
+# `--overlap on` and `--overlap off` alternating for ROUNDS rounds. Per run: the median step time and the step the planner
 # predicted for it on PLATFORM (whose links should be the emulated RATE, so the prediction prices the
 # same links). JSON lines in $OUT, then the per-round ratios and their median.
 #
@@ -15,6 +15,7 @@ RATE=${RATE:-250mbit}
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-40}
 PRESET=${PRESET:-benchmarks/configs/overlap-deepseek.json}
+read -r -a layout <<<"${LAYOUT:---ep 2}"
 PLATFORM=${PLATFORM:-}
 OUT=${OUT:-benchmarks/results/overlap.jsonl}
 read -r -a extra <<<"${EXTRA:-}"
@@ -28,7 +29,7 @@ scripts/emulate-fabric.sh up --nodes 2 --rate "$RATE"
 : > "$OUT"
 for round in $(seq 1 "$ROUNDS"); do
   for overlap in on off; do
-    args=("${platform[@]}" --preset "$PRESET" --ep 2 --overlap "$overlap" --steps "$STEPS" --migration off "${extra[@]}"
+    args=("${platform[@]}" --preset "$PRESET" "${layout[@]}" --overlap "$overlap" --steps "$STEPS" --migration off "${extra[@]}"
       --no-progress --log-every 0 --history off --metrics "$tmp/m.jsonl" --summary "$tmp/s.json")
     apps=(-np 1 ip netns exec piperfab-n0 env RAYON_NUM_THREADS=1 "$BIN" "${args[@]}" :
           -np 1 ip netns exec piperfab-n1 env RAYON_NUM_THREADS=1 "$BIN" "${args[@]}")
@@ -41,7 +42,7 @@ import json, sys
 round_, overlap, rate, summary = sys.argv[1:]
 s = json.load(open(summary))
 print(json.dumps({
-    "round": int(round_), "overlap": overlap, "rate": rate,
+    "round": int(round_), "overlap": overlap, "rate": rate, "layout": s["layout"],
     "step_time_median_s": s["step_time_median_s"], "predicted_step_s": s["predicted"]["step_time_s"],
     "final_loss": s["final_loss"],
 }))

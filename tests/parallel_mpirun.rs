@@ -5,8 +5,8 @@
 //! --out` drives a 4-rank run and its summary reports the plan's layout. A rank that hangs is named by
 //! the others within the timeout, and the job ends; a rank that exits ends the job. Prepared token
 //! shards, each rank reading its share of a batch, give the one-process losses under PP×EP and EP×DP.
-//! Shared experts computed while the dispatch's rows travel (`--overlap on`, EP=2 of tiny-deepseek)
-//! equal one process, and `--overlap off` bit for bit.
+//! Shared experts computed while the dispatch's rows travel (`--overlap on`; EP=2 and PP=2×EP=2 of
+//! tiny-deepseek) equal one process, and `--overlap off` bit for bit.
 //! Built without `--features mpi` (the README's `cargo test --workspace`), these tests show as ignored
 //! and name `scripts/test-mpi.sh`, which installs OpenMPI and runs them; with the feature, a missing
 //! `mpirun` fails them.
@@ -175,27 +175,29 @@ fn expert_migration_under_mpirun_preserves_the_loss_curve() {
     not(feature = "mpi"),
     ignore = "needs MPI: run scripts/test-mpi.sh (installs OpenMPI, builds with --features mpi)"
 )]
-fn shared_experts_overlapping_the_dispatch_equal_one_process() {
+fn overlapped_communication_equals_one_process() {
     // tiny-deepseek has shared experts: with `--overlap on` they compute while the posted dispatch's
-    // rows travel (point-to-point messages), with `off` before a blocking MPI_Alltoallv.
+    // rows travel (point-to-point messages), with `off` before a blocking MPI_Alltoallv; alone and in a
+    // pipeline.
     let dir = common::scratch("overlap");
     let model = ["--preset", "tiny-deepseek"];
-    let single = dir.join("single.jsonl");
-    let mut cmd = Command::new(example());
-    cmd.args(COMMON).args(model).args(["--metrics", single.to_str().unwrap()]);
-    let (ok, out) = run(cmd, Duration::from_secs(300));
-    assert!(ok, "{out}");
-    let mut curves = Vec::new();
-    for overlap in ["on", "off"] {
-        let path = dir.join(format!("ep2-{overlap}.jsonl"));
-        let args = [&model[..], &["--ep", "2", "--overlap", overlap, "--metrics", path.to_str().unwrap()]].concat();
-        let (ok, out) = run(mpirun(2, &[], &args), Duration::from_secs(300));
-        assert!(ok, "--overlap {overlap}:\n{out}");
-        let worst = assert_close(&format!("ep2 --overlap {overlap}"), &losses(&path), &losses(&single), 1e-4);
-        eprintln!("tiny-deepseek ep2 --overlap {overlap}: worst relative loss difference {worst:e}");
-        curves.push(losses(&path));
+    for (name, np, m, layout) in
+        [("ep2", 2, 1, vec!["--ep", "2"]), ("pp2ep2", 4, 4, vec!["--pp", "2", "--ep", "2", "--micro-batches", "4"])]
+    {
+        let single = one_process(&dir, m, &model);
+        let mut curves = Vec::new();
+        for overlap in ["on", "off"] {
+            let path = dir.join(format!("{name}-{overlap}.jsonl"));
+            let flags = ["--overlap", overlap, "--metrics", path.to_str().unwrap()];
+            let args = [&model[..], &layout, &flags].concat();
+            let (ok, out) = run(mpirun(np, &[], &args), Duration::from_secs(300));
+            assert!(ok, "{name} --overlap {overlap}:\n{out}");
+            let worst = assert_close(&format!("{name} --overlap {overlap}"), &losses(&path), &single, 1e-4);
+            eprintln!("tiny-deepseek {name} --overlap {overlap}: worst relative loss difference {worst:e}");
+            curves.push(losses(&path));
+        }
+        assert_eq!(curves[0], curves[1], "{name}: overlapping changes no bit");
     }
-    assert_eq!(curves[0], curves[1], "the shared experts' order against the dispatch changes no bit");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -143,7 +143,7 @@ pub struct RunArgs {
     #[arg(long, value_parser = ["plan", "off"], default_value = "plan")]
     pub migration: String,
     /// `on`: shared experts compute while the expert dispatch's rows travel (flat or pairwise
-    /// all-to-all; HALO's phases wait on each other); `off`: before the dispatch.
+    /// all-to-all; HALO's phases wait on each other); `off`: before a blocking dispatch.
     #[arg(long, value_parser = ["on", "off"], default_value = "on")]
     pub overlap: String,
     /// Overrides the policy's threshold (max/mean tokens per rank of an expert group, ≥ 1).

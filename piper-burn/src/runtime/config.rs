@@ -88,7 +88,7 @@ pub struct RunConfig {
     #[config(default = "MigrationDecision::Payoff")]
     pub migration_decision: MigrationDecision,
     /// Shared experts compute while the expert dispatch's rows travel (expert parallelism with the flat
-    /// or pairwise all-to-all); `false`: before it.
+    /// or pairwise all-to-all); `false`: before a blocking dispatch.
     #[config(default = true)]
     pub overlap: bool,
     /// A skewed workload: experts `0..hot_experts` of every MoE layer draw about `hot_factor` times
