@@ -3,7 +3,8 @@
 //! tokenizer as their tokenizer.json), then `piper checkpoint export`: the export's config.json is the
 //! folder's own, its weights carry exactly the folder's tensor names and shapes, its tokenizer.json is
 //! the folder's byte for byte — what transformers loads — and `hf_eval` gives the same loss on the export
-//! in one file and in shards (`--max-shard-size`, with an index naming every tensor).
+//! in one file and in shards (`--max-shard-size`, with an index naming every tensor), and within 1% of
+//! it from a bf16 export (`--dtype bf16`).
 
 mod common;
 
@@ -68,18 +69,24 @@ fn fine_tuned_folders_export_as_their_own_family_with_their_tokenizer() {
         let (ok, log) = run(train, Duration::from_secs(120));
         assert!(ok, "{name}: {log}");
         let mut losses = Vec::new();
-        for (out, shard) in [("hf", None), ("hf-sharded", Some("60000"))] {
+        for (out, shard, dtype) in
+            [("hf", None, "fp32"), ("hf-sharded", Some("60000"), "fp32"), ("hf-bf16", None, "bf16")]
+        {
             let hf = work.join(out);
             let mut export = Command::new(binary("", "piper"));
             export.args(["checkpoint", "export", ckpt.to_str().unwrap(), "--hf", hf.to_str().unwrap()]);
             if let Some(bytes) = shard {
                 export.args(["--max-shard-size", bytes]);
             }
+            export.args(["--dtype", dtype]);
             let (ok, log) = run(export, Duration::from_secs(60));
             assert!(ok && log.contains(&format!("the model's own, {name}")), "{name}: {log}");
             let read =
                 |p: &Path| -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap() };
-            assert_eq!(read(&hf.join("config.json")), read(&src.join("config.json")), "{name}: config.json");
+            let mut want = read(&src.join("config.json"));
+            let key = if want.get("dtype").is_some() { "dtype" } else { "torch_dtype" };
+            want[key] = if dtype == "bf16" { "bfloat16" } else { "float32" }.into();
+            assert_eq!(read(&hf.join("config.json")), want, "{name}: config.json");
             assert_eq!(weight_shapes(&hf), weight_shapes(&src), "{name}: tensor names and shapes");
             assert_eq!(
                 std::fs::read(hf.join("tokenizer.json")).unwrap(),
@@ -89,6 +96,8 @@ fn fine_tuned_folders_export_as_their_own_family_with_their_tokenizer() {
             losses.push(cross_entropy(&hf, &text));
         }
         assert_eq!(losses[0], losses[1], "{name}: one file and shards hold the same weights");
+        let rel = (losses[2] - losses[0]).abs() / losses[0];
+        assert!(rel < 1e-2 && losses[2] != losses[0], "{name}: bf16 export {} against fp32 {}", losses[2], losses[0]);
         assert_ne!(losses[0], cross_entropy(&src, &text), "{name}: the export holds the fine-tuned weights");
         std::fs::remove_dir_all(&work).unwrap();
         std::fs::remove_dir_all(&src).unwrap();

@@ -1,5 +1,6 @@
 //! `piper checkpoint export DIR --hf OUT`: one Hugging Face folder from a checkpoint of any layout — the
-//! weights (no optimizer state) in `model.safetensors`, or above `max_shard_bytes` in
+//! weights (no optimizer state; the checkpoint's fp32 masters, in f32 or rounded to bf16 on request) in
+//! `model.safetensors`, or above `max_shard_bytes` in
 //! `model-0000i-of-0000n.safetensors` shards with a `model.safetensors.index.json`, a `config.json`, and
 //! the tokenizer files the checkpoint kept. Every shard is checked whole (size and SHA-256) first, and
 //! the model must be complete: every layer, every expert.
@@ -13,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use super::companions::export_tokenizer_files;
-use super::shard::{Source, read_tensors, verify_file, write_shard};
+use super::shard::{Source, StoredDtype, read_tensors, verify_file, write_shard_as};
 use super::{EXP_AVG, EXP_AVG_SQ, Manifest, resolve};
 use crate::error::{Error, Result};
 use crate::hf::mixtral_config;
@@ -25,6 +26,8 @@ pub struct Exported {
     pub step: u64,
     pub tensors: usize,
     pub bytes: u64,
+    /// The type the weights were written in.
+    pub dtype: StoredDtype,
     /// Weight files (1: `model.safetensors`; more: shards with `model.safetensors.index.json`).
     pub shards: usize,
     pub config: ExportedConfig,
@@ -53,11 +56,13 @@ pub struct ExportOptions {
     pub overwrite: bool,
     /// Weights above this go into shards with an index.
     pub max_shard_bytes: u64,
+    /// The type to write the weights in (`config.json`'s `torch_dtype` says it).
+    pub dtype: StoredDtype,
 }
 
 impl Default for ExportOptions {
     fn default() -> Self {
-        ExportOptions { overwrite: false, max_shard_bytes: DEFAULT_MAX_SHARD_BYTES }
+        ExportOptions { overwrite: false, max_shard_bytes: DEFAULT_MAX_SHARD_BYTES, dtype: StoredDtype::F32 }
     }
 }
 
@@ -216,8 +221,8 @@ pub fn export_hf_with(path: &Path, out: &Path, options: &ExportOptions) -> Resul
         list.iter().map(|n| Source::values(n.clone(), tensors[n].0.clone(), &tensors[n].1)).collect();
     let show = out.display().to_string();
     std::fs::create_dir_all(out).map_err(|e| Error::file(&show, format!("cannot create: {e}")))?;
-    let weights = write_weights(out, &named, options.max_shard_bytes)?;
-    let (config, kind) = export_config(&manifest);
+    let weights = write_weights(out, &named, options.max_shard_bytes, options.dtype)?;
+    let (config, kind) = export_config(&manifest, options.dtype);
     let text = serde_json::to_string_pretty(&config).expect("json");
     crate::atomic::write_atomic(&out.join("config.json"), text.as_bytes())
         .map_err(|e| Error::file(&show, format!("cannot write config.json: {e}")))?;
@@ -231,6 +236,7 @@ pub fn export_hf_with(path: &Path, out: &Path, options: &ExportOptions) -> Resul
         step: manifest.step,
         tensors: named.len(),
         bytes: weights.bytes,
+        dtype: options.dtype,
         shards: weights.files.iter().filter(|f| f.ends_with(".safetensors")).count(),
         config: kind,
         tokenizer_files: manifest.companions.tokenizer_files.len(),
@@ -243,11 +249,11 @@ struct Weights {
     bytes: u64,
 }
 
-/// The weights in one `model.safetensors`, or in shards of at most `max_bytes` (a larger tensor gets
-/// its own) with `model.safetensors.index.json`; each file under a temporary name first, then renamed
-/// into place.
-fn write_weights(out: &Path, named: &[Source], max_bytes: u64) -> Result<Weights> {
-    let size = |t: &Source| 4 * t.shape.iter().product::<usize>() as u64;
+/// The weights in `dtype`, in one `model.safetensors`, or in shards of at most `max_bytes` (a larger
+/// tensor gets its own) with `model.safetensors.index.json`; each file under a temporary name first,
+/// then renamed into place.
+fn write_weights(out: &Path, named: &[Source], max_bytes: u64, dtype: StoredDtype) -> Result<Weights> {
+    let size = |t: &Source| dtype.bytes() * t.shape.iter().product::<usize>() as u64;
     // Consecutive runs of tensors (names in order), each within `max_bytes` unless one tensor alone.
     let mut runs = vec![std::ops::Range { start: 0, end: 0 }];
     let mut used = 0;
@@ -268,7 +274,7 @@ fn write_weights(out: &Path, named: &[Source], max_bytes: u64) -> Result<Weights
         let name =
             if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", i + 1) };
         let tmp = format!(".{name}.tmp-{}", std::process::id());
-        let written = write_shard(out, &tmp, 0, &named[run.clone()])?;
+        let written = write_shard_as(out, &tmp, 0, &named[run.clone()], dtype)?;
         std::fs::rename(out.join(&tmp), out.join(&name))
             .map_err(|e| Error::file(&show, format!("cannot rename {name} into place: {e}")))?;
         weights.bytes += written.bytes;
@@ -288,19 +294,25 @@ fn write_weights(out: &Path, named: &[Source], max_bytes: u64) -> Result<Weights
     Ok(weights)
 }
 
-/// The model's own config (its dtype now float32), else a Mixtral config, else the native spec.
-fn export_config(manifest: &Manifest) -> (serde_json::Value, ExportedConfig) {
+/// The model's own config (its dtype now the export's), else a Mixtral config, else the native spec.
+fn export_config(manifest: &Manifest, dtype: StoredDtype) -> (serde_json::Value, ExportedConfig) {
+    // transformers 5 names it `dtype`, 4 `torch_dtype`: the key the config has, else the older one.
+    let set_dtype = |c: &mut serde_json::Value| {
+        let keys: Vec<&str> = ["torch_dtype", "dtype"].into_iter().filter(|k| c.get(k).is_some()).collect();
+        for key in if keys.is_empty() { vec!["torch_dtype"] } else { keys } {
+            c[key] = dtype.torch_name().into();
+        }
+    };
     if let Some(mut c) = manifest.companions.hf_config.clone().filter(|c| c.is_object()) {
         let model_type = c.get("model_type").and_then(|t| t.as_str()).unwrap_or("").to_string();
-        for key in ["torch_dtype", "dtype"] {
-            if c.get(key).is_some() {
-                c[key] = "float32".into();
-            }
-        }
+        set_dtype(&mut c);
         return (c, ExportedConfig::Original(model_type));
     }
     match mixtral_config(&manifest.model) {
-        Some(c) => (c, ExportedConfig::Mixtral),
+        Some(mut c) => {
+            set_dtype(&mut c);
+            (c, ExportedConfig::Mixtral)
+        }
         None => {
             let mut v = serde_json::to_value(&manifest.model).expect("specs serialise");
             v["model_type"] = "piper".into();
@@ -395,7 +407,7 @@ mod tests {
         let (one, sharded) = (dir.join("one"), dir.join("sharded"));
         export_hf(&ckpt, &one, false).unwrap();
         let max = 200_000;
-        let options = ExportOptions { overwrite: false, max_shard_bytes: max };
+        let options = ExportOptions { max_shard_bytes: max, ..ExportOptions::default() };
         let e = export_hf_with(&ckpt, &sharded, &options).unwrap();
         assert!(e.shards > 2, "{e:?}");
         let index: serde_json::Value =
@@ -419,8 +431,73 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert!(names.iter().all(|n| n == "model.safetensors" || n == "config.json"), "{names:?}");
-        export_hf_with(&ckpt, &one, &ExportOptions { overwrite: true, max_shard_bytes: max }).unwrap();
+        export_hf_with(
+            &ckpt,
+            &one,
+            &ExportOptions { overwrite: true, max_shard_bytes: max, ..ExportOptions::default() },
+        )
+        .unwrap();
         assert!(!one.join("model.safetensors").exists(), "a stale single file would shadow the shards");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// bf16 by round-to-nearest-even on the f32 bits (ties to the even mantissa), for finite values.
+    fn bf16_rounded_bits(x: f32) -> u16 {
+        let b = x.to_bits();
+        ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+    }
+
+    /// `--dtype bf16` writes every weight as BF16, each the f32 master rounded to nearest even (ties
+    /// included), in half the bytes, and says so in config.json; f32 stays exact.
+    #[test]
+    fn bf16_exports_round_the_masters_to_nearest_even() {
+        let dir = scratch("bf16");
+        let spec = preset("tiny").unwrap();
+        // Values with every low-half pattern, ties (0x8000) among them.
+        let mut tensors = weights(&spec);
+        for (i, t) in tensors.iter_mut().enumerate() {
+            for (j, v) in t.2.iter_mut().enumerate() {
+                let low = [0x8000u32, 0x7fff, 0x8001, 0, (j as u32).wrapping_mul(2_654_435_761) & 0xffff][j % 5];
+                *v = f32::from_bits(((0x3c00 + (i * 7 + j) as u32 % 0x800) << 16) | low) * [1.0, -1.0][j % 2];
+            }
+        }
+        let ckpt = checkpoint(&dir, spec.clone(), &tensors);
+        let (fp32, bf16) = (dir.join("fp32"), dir.join("bf16"));
+        let f = export_hf(&ckpt, &fp32, false).unwrap();
+        let b = export_hf_with(&ckpt, &bf16, &ExportOptions { dtype: StoredDtype::Bf16, ..ExportOptions::default() })
+            .unwrap();
+        assert_eq!((f.dtype, b.dtype), (StoredDtype::F32, StoredDtype::Bf16));
+        let bytes = std::fs::read(bf16.join("model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let exact = std::fs::read(fp32.join("model.safetensors")).unwrap();
+        let exact = safetensors::SafeTensors::deserialize(&exact).unwrap();
+        let (mut ties, mut values) = (0, 0);
+        for (name, _, want) in &tensors {
+            let (view, master) = (st.tensor(name).unwrap(), exact.tensor(name).unwrap());
+            assert_eq!((view.dtype(), master.dtype()), (safetensors::Dtype::BF16, safetensors::Dtype::F32), "{name}");
+            let got: Vec<u16> = view.data().chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+            let kept: Vec<f32> =
+                master.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            assert_eq!(&kept, want, "{name}: the f32 export is the masters");
+            assert_eq!(got.len(), want.len(), "{name}");
+            for (g, w) in got.iter().zip(want) {
+                assert_eq!(*g, bf16_rounded_bits(*w), "{name}: {w:e}");
+                ties += usize::from(w.to_bits() & 0xffff == 0x8000);
+                values += 1;
+            }
+        }
+        assert!(ties > values / 10, "ties exercised: {ties} of {values}");
+        let header = |file: &[u8]| 8 + u64::from_le_bytes(file[..8].try_into().unwrap());
+        let exact_file = std::fs::read(fp32.join("model.safetensors")).unwrap();
+        assert_eq!(b.bytes - header(&bytes), 2 * values as u64, "two bytes a value");
+        assert_eq!(f.bytes - header(&exact_file), 4 * values as u64, "four bytes a value");
+        let config = |d: &Path| -> serde_json::Value {
+            serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap()
+        };
+        assert_eq!(
+            (config(&fp32)["torch_dtype"].clone(), config(&bf16)["torch_dtype"].clone()),
+            ("float32".into(), "bfloat16".into())
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

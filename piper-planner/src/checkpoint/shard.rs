@@ -1,5 +1,5 @@
-//! Shard files: safetensors (f32, little-endian) written with their checksums, and read back tensor by
-//! tensor — a rank seeks to the tensors it needs instead of reading whole shards, and checks each one's
+//! Shard files: safetensors (f32, or bf16 for an export; little-endian) written with their checksums,
+//! and read back tensor by tensor — a rank seeks to the tensors it needs instead of reading whole shards, and checks each one's
 //! SHA-256 against the manifest.
 
 use std::collections::HashMap;
@@ -58,17 +58,75 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-/// Writes `tensors` as `folder/name` (safetensors, f32) and returns its manifest entry. Streamed: the
-/// header is built from the shapes, then each tensor's bytes go to the file through one small buffer
-/// while both its own and the file's SHA-256 are computed — no second copy of the shard in memory.
+/// The element type a shard stores its values in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StoredDtype {
+    /// IEEE f32: what checkpoints keep (the fp32 master weights and optimizer state).
+    #[default]
+    F32,
+    /// bfloat16, each value rounded to nearest even (`half`): half the bytes, f32's range.
+    Bf16,
+}
+
+impl StoredDtype {
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            StoredDtype::F32 => 4,
+            StoredDtype::Bf16 => 2,
+        }
+    }
+
+    /// The safetensors header's name of the type.
+    pub fn safetensors_name(self) -> &'static str {
+        match self {
+            StoredDtype::F32 => "F32",
+            StoredDtype::Bf16 => "BF16",
+        }
+    }
+
+    /// transformers' `torch_dtype` of the type.
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            StoredDtype::F32 => "float32",
+            StoredDtype::Bf16 => "bfloat16",
+        }
+    }
+
+    /// Appends `values` to `out`, little-endian, in this type.
+    fn encode(self, values: &[f32], out: &mut Vec<u8>) {
+        match self {
+            StoredDtype::F32 => out.extend(values.iter().flat_map(|x| x.to_le_bytes())),
+            StoredDtype::Bf16 => out.extend(values.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())),
+        }
+    }
+}
+
+/// Writes `tensors` as `folder/name` (safetensors, f32) and returns its manifest entry (see
+/// [`write_shard_as`]).
 pub fn write_shard(folder: &Path, name: &str, rank: u64, tensors: &[Source]) -> Result<ShardFile> {
+    write_shard_as(folder, name, rank, tensors, StoredDtype::F32)
+}
+
+/// Writes `tensors` as `folder/name` (safetensors, in `dtype`) and returns its manifest entry. Streamed:
+/// the header is built from the shapes, then each tensor's bytes go to the file through one small
+/// buffer while both its own and the file's SHA-256 are computed — no second copy of the shard in
+/// memory.
+pub fn write_shard_as(
+    folder: &Path,
+    name: &str,
+    rank: u64,
+    tensors: &[Source],
+    dtype: StoredDtype,
+) -> Result<ShardFile> {
     let path = folder.join(name);
     let show = || path.display().to_string();
     let mut header = serde_json::Map::new();
     let mut offset = 0u64;
     for t in tensors {
-        let end = offset + 4 * t.shape.iter().product::<usize>() as u64;
-        let entry = serde_json::json!({"dtype": "F32", "shape": t.shape, "data_offsets": [offset, end]});
+        let end = offset + dtype.bytes() * t.shape.iter().product::<usize>() as u64;
+        let entry =
+            serde_json::json!({"dtype": dtype.safetensors_name(), "shape": t.shape, "data_offsets": [offset, end]});
         if header.insert(t.name.clone(), entry).is_some() {
             return Err(Error::file(show(), format!("tensor `{}` is listed twice", t.name)));
         }
@@ -96,7 +154,7 @@ pub fn write_shard(folder: &Path, name: &str, rank: u64, tensors: &[Source]) -> 
             let block = &mut values[..BLOCK.min(n - start)];
             (t.fill)(start, block);
             chunk.clear();
-            chunk.extend(block.iter().flat_map(|x| x.to_le_bytes()));
+            dtype.encode(block, &mut chunk);
             out.write_all(&chunk).map_err(write_err)?;
             own.update(&chunk);
             whole.update(&chunk);

@@ -41,28 +41,13 @@ pub fn weight_map(dir: &Path) -> Result<Option<HashMap<String, PathBuf>>> {
     Ok(Some(out))
 }
 
-/// f32 from IEEE half precision.
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = if h >> 15 == 1 { -1.0f32 } else { 1.0 };
-    let exp = ((h >> 10) & 0x1f) as i32;
-    let frac = (h & 0x3ff) as f32;
-    match exp {
-        0 => sign * frac * 2f32.powi(-24),
-        31 if frac == 0.0 => sign * f32::INFINITY,
-        31 => f32::NAN,
-        e => sign * (1.0 + frac / 1024.0) * 2f32.powi(e - 15),
-    }
-}
-
 /// Decodes one tensor's little-endian bytes to f32; `None` for a dtype that is not a float Piper reads
 /// (F32, BF16, F16).
 pub fn decode(dtype: &str, bytes: &[u8]) -> Option<Vec<f32>> {
     match dtype {
         "F32" => Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()),
-        "BF16" => Some(
-            bytes.chunks_exact(2).map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)).collect(),
-        ),
-        "F16" => Some(bytes.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect()),
+        "BF16" => Some(bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+        "F16" => Some(bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
         _ => None,
     }
 }
@@ -177,9 +162,9 @@ mod tests {
             (0x3555, 0.333_251_95),
             (0x7c00, f32::INFINITY),
         ] {
-            assert_eq!(f16_to_f32(bits), want, "{bits:#06x}");
+            assert_eq!(decode("F16", &bits.to_le_bytes()), Some(vec![want]), "{bits:#06x}");
         }
-        assert!(f16_to_f32(0x7e00).is_nan());
+        assert!(decode("F16", &0x7e00u16.to_le_bytes()).unwrap()[0].is_nan());
         assert_eq!(decode("BF16", &[0x80, 0x3f]), Some(vec![1.0]));
         assert_eq!(decode("I64", &[0; 8]), None);
     }
