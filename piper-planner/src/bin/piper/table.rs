@@ -35,8 +35,28 @@ pub fn count(n: f64) -> String {
 }
 
 /// Bytes in GiB with one decimal.
-pub fn gib(bytes: f64) -> String {
-    format!("{:.1}", bytes / (1024.0 * 1024.0 * 1024.0))
+/// A unit of bytes: its name and size.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ByteUnit(pub &'static str, pub f64);
+
+impl ByteUnit {
+    /// The unit byte counts up to `largest` read best in: GiB from 10 GiB, else MiB (a laptop's small
+    /// models would read 0.0 GiB everywhere).
+    pub fn for_largest(largest: f64) -> ByteUnit {
+        const MIB: f64 = 1024.0 * 1024.0;
+        if largest >= 10.0 * 1024.0 * MIB { ByteUnit("GiB", 1024.0 * MIB) } else { ByteUnit("MiB", MIB) }
+    }
+
+    /// `bytes` in this unit, one decimal, without the unit's name.
+    pub fn of(self, bytes: f64) -> String {
+        format!("{:.1}", bytes / self.1)
+    }
+}
+
+/// Bytes with their unit (see [`ByteUnit::for_largest`]), e.g. `187.5 MiB`, `61.2 GiB`.
+pub fn bytes(bytes: f64) -> String {
+    let unit = ByteUnit::for_largest(bytes);
+    format!("{} {}", unit.of(bytes), unit.0)
 }
 
 /// Seconds with a sensible unit.

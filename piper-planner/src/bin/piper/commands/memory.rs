@@ -5,7 +5,7 @@ use piper_planner::memory::Footprint;
 use serde_json::json;
 
 use super::{OneLayout, Resolved};
-use crate::table::{gib, table};
+use crate::table::{ByteUnit, table};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -32,7 +32,9 @@ pub fn run(a: Args) -> Result<String> {
         outln!(out, "{}", serde_json::to_string_pretty(&doc).expect("json"));
         return Ok(out);
     }
-    outln!(out, "{}; GiB per GPU (capacity {})", resolved.headline(), gib(cap));
+    let unit = ByteUnit::for_largest(stages.iter().map(|s| s.total_bytes).fold(cap, f64::max));
+    let gib = |b: f64| unit.of(b);
+    outln!(out, "{}; {} per GPU (capacity {})", resolved.headline(), unit.0, gib(cap));
     let mut t = table(&[
         "stage",
         "layers",
@@ -64,8 +66,9 @@ pub fn run(a: Args) -> Result<String> {
     let act = &peak.activations;
     outln!(
         out,
-        "stage {} activations (GiB): attention {}, scores {}, routed experts {}, shared {}, dense MLP {}, router {}, MLP input {}, checkpoints {}, recompute working set {}, logits {}",
+        "stage {} activations ({}): attention {}, scores {}, routed experts {}, shared {}, dense MLP {}, router {}, MLP input {}, checkpoints {}, recompute working set {}, logits {}",
         peak.stage,
+        unit.0,
         gib(act.attention),
         gib(act.attention_scores),
         gib(act.routed_experts),

@@ -8,7 +8,7 @@ use piper_planner::run_plan::{RunPlan, runtime_refusal};
 use serde_json::json;
 
 use super::{AlgoArg, RecomputeArg, ScheduleArg, TrainArgs};
-use crate::table::{gib, pct, secs, table};
+use crate::table::{ByteUnit, pct, secs, table};
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum DomainArg {
@@ -135,6 +135,8 @@ pub fn run(a: Args) -> Result<String> {
     if report.plans.is_empty() {
         outln!(out, "no feasible plan: every layout is rejected (below).");
     } else {
+        let unit = ByteUnit::for_largest(report.plans.iter().map(|c| c.peak_memory_bytes).fold(0.0, f64::max));
+        let peak_header = format!("peak {}", unit.0);
         let mut t = table(&[
             "#",
             "PP",
@@ -145,7 +147,7 @@ pub fn run(a: Args) -> Result<String> {
             "schedule",
             "recompute",
             "a2a",
-            "peak GiB",
+            peak_header.as_str(),
             "step",
             "bubble",
             "a2a share",
@@ -163,7 +165,7 @@ pub fn run(a: Args) -> Result<String> {
                 c.schedule.name().into(),
                 c.recompute.name().into(),
                 c.all_to_all.name().into(),
-                gib(c.peak_memory_bytes),
+                unit.of(c.peak_memory_bytes),
                 secs(c.step_time_s),
                 pct(c.bubble_fraction),
                 pct(c.a2a_fraction),

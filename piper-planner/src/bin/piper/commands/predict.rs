@@ -6,7 +6,7 @@ use piper_planner::planner::price;
 use serde_json::json;
 
 use super::{AlgoArg, OneLayout, Resolved};
-use crate::table::{gib, pct, secs};
+use crate::table::{bytes, pct, secs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -48,7 +48,7 @@ pub fn run(a: Args) -> Result<String> {
     }
     Ok(format!(
         "{}, {} all-to-all, split {:?}\n\
-         step {} ({:.0} tokens/s, {:.1} TFLOP/s per GPU, MFU {}), bubble {}, peak memory {} GiB (stage {})\n\
+         step {} ({:.0} tokens/s, {:.1} TFLOP/s per GPU, MFU {}), bubble {}, peak memory {} (stage {})\n\
          critical stage {}: compute {}, all-to-all {}, p2p {}, bubble {}, gradient all-reduce {}, optimizer {}, overhead {}\n",
         resolved.headline(),
         c.all_to_all.name(),
@@ -58,7 +58,7 @@ pub fn run(a: Args) -> Result<String> {
         c.tflops_per_gpu,
         pct(c.mfu),
         pct(c.bubble_fraction),
-        gib(c.peak_memory_bytes),
+        bytes(c.peak_memory_bytes),
         c.peak_memory_stage,
         b.critical_stage,
         secs(b.compute_s),
