@@ -295,8 +295,9 @@ mod tests {
     use super::*;
     use crate::layout::runtime_train_config;
 
-    /// `local` as a 2-core CPU platform with one- and two-thread tables (`two`: the one-thread tables
-    /// with each shape's efficiency scaled by `scale(i)`, table `i` in order).
+    /// `local` as a 2-core CPU platform with one- and two-thread tables: the two-thread ones are the
+    /// one-thread ones with GEMM table `i`'s efficiency scaled by `scale(i)` and attention point `j`'s by
+    /// `scale(100 + j)`.
     fn two_thread_tables(scale: impl Fn(usize) -> f64) -> Platform {
         let mut p = crate::platform::preset("local").unwrap();
         p.gpus_per_node = 2;
