@@ -1,6 +1,7 @@
 //! `piper memory`.
 
 use piper_planner::Result;
+use piper_planner::limits::max_or_zero;
 use piper_planner::memory::Footprint;
 use serde_json::json;
 
@@ -32,7 +33,7 @@ pub fn run(a: Args) -> Result<String> {
         outln!(out, "{}", serde_json::to_string_pretty(&doc).expect("json"));
         return Ok(out);
     }
-    let unit = ByteUnit::for_largest(stages.iter().map(|s| s.total_bytes).fold(cap, f64::max));
+    let unit = ByteUnit::for_largest(max_or_zero(stages.iter().map(|s| s.total_bytes)));
     let gib = |b: f64| unit.of(b);
     outln!(out, "{}; {} per GPU (capacity {})", resolved.headline(), unit.0, gib(cap));
     let mut t = table(&[

@@ -1,6 +1,7 @@
 //! `piper plan`.
 
 use piper_planner::Result;
+use piper_planner::limits::max_or_zero;
 use piper_planner::model::resolve_model;
 use piper_planner::planner::{EpDomain, PlanReport, PlanRequest, plan};
 use piper_planner::platform::resolve_platform;
@@ -135,7 +136,7 @@ pub fn run(a: Args) -> Result<String> {
     if report.plans.is_empty() {
         outln!(out, "no feasible plan: every layout is rejected (below).");
     } else {
-        let unit = ByteUnit::for_largest(report.plans.iter().map(|c| c.peak_memory_bytes).fold(0.0, f64::max));
+        let unit = ByteUnit::for_largest(max_or_zero(report.plans.iter().map(|c| c.peak_memory_bytes)));
         let peak_header = format!("peak {}", unit.0);
         let mut t = table(&[
             "#",
