@@ -2,9 +2,10 @@
 # Accuracy of the resource model on this machine, on models it is never calibrated on (MODELS, default
 # configs/heldout{,2}-{mixtral,qwen3}.json; the heldout2 pair is kept out of every design decision): 12 layouts (1, 2 and 4 ranks;
 # EP, DP, PP with GPipe and 1F1B, micro-batch counts) train for STEPS steps under mpirun, REPEATS rounds
-# interleaved (every layout once per round); each layout's median step time and largest peak RSS (its
-# --summary) is set against `piper predict` on ONE calibrated platform (`piper calibrate`, run first
-# unless the file exists), whatever the rank count. Per rank count it also reports the planner's regret
+# interleaved (every layout once per round); each layout's median step time and median of its ranks'
+# largest peak RSS (its --summary), each with its spread over the rounds, is set against `piper predict`
+# on ONE calibrated platform (`piper calibrate`, run first unless the file exists), whatever the rank
+# count. Per rank count it also reports the planner's regret
 # (measured time of the layout the model ranks first ÷ the fastest measured) and the rank correlation.
 # Writes OUT.jsonl, OUT.json and OUT.png (OUT defaults to benchmarks/results/accuracy). REPRICE=1 runs
 # nothing: it prices the measurements already in OUT.jsonl again with this piper (after a change to the
@@ -91,22 +92,25 @@ if sys.argv[4] == "--measured":
     if row is None:
         sys.exit(f"error: {sys.argv[5]} has no measurement of {key}; run without REPRICE")
     measured_t, measured_m = row["step_time_s"]["measured"], row["peak_memory_bytes"]["measured"]
-    repeats, spread = row["repeats"], row["step_time_spread"]
+    repeats, spread, memory_spread = row["repeats"], row["step_time_spread"], row.get("peak_memory_spread")
 else:
     summaries = [json.load(open(p)) for p in sys.argv[4:]]
     times = [s["step_time_median_s"] for s in summaries]
     mems = [max(s["peak_rss_bytes"]) for s in summaries]
     measured_t, measured_m = statistics.median(times), statistics.median(mems)
     repeats, spread = len(summaries), (max(times) - min(times)) / measured_t
+    memory_spread = (max(mems) - min(mems)) / measured_m
+# Rows measured before the memory spread was kept have none.
+noise = {} if memory_spread is None else {"peak_memory_spread": memory_spread}
 print(json.dumps({
-    **key, "repeats": repeats, "step_time_spread": spread,
+    **key, "repeats": repeats, "step_time_spread": spread, **noise,
     "step_time_s": {"predicted": predict["step_time_s"], "measured": measured_t,
                     "error": predict["step_time_s"] / measured_t - 1},
     "peak_memory_bytes": {"predicted": predict["peak_memory_bytes"], "measured": measured_m,
                           "error": predict["peak_memory_bytes"] / measured_m - 1},
 }))
 PY
-        tail -n 1 "$out" | "$python" -c 'import json,sys; d=json.loads(sys.stdin.read()); t,m=d["step_time_s"],d["peak_memory_bytes"]; print("%-16s R=%d PP=%d EP=%d DP=%d M=%d %-5s step %7.1f ms (spread %4.1f%%) predicted %7.1f (%+5.1f%%)  memory %6.1f MiB predicted %6.1f (%+5.1f%%)" % (d["model"], d["ranks"], d["pp"], d["ep"], d["dp"], d["micro_batches"], d["schedule"], 1e3*t["measured"], 100*d["step_time_spread"], 1e3*t["predicted"], 100*t["error"], m["measured"]/2**20, m["predicted"]/2**20, 100*m["error"]))' >&2
+        tail -n 1 "$out" | "$python" -c 'import json,sys; d=json.loads(sys.stdin.read()); t,m=d["step_time_s"],d["peak_memory_bytes"]; print("%-16s R=%d PP=%d EP=%d DP=%d M=%d %-5s step %7.1f ms (spread %4.1f%%) predicted %7.1f (%+5.1f%%)  memory %6.1f MiB (spread %5s) predicted %6.1f (%+5.1f%%)" % (d["model"], d["ranks"], d["pp"], d["ep"], d["dp"], d["micro_batches"], d["schedule"], 1e3*t["measured"], 100*d["step_time_spread"], 1e3*t["predicted"], 100*t["error"], m["measured"]/2**20, "%4.1f%%" % (100*d["peak_memory_spread"]) if "peak_memory_spread" in d else "n/a", m["predicted"]/2**20, 100*m["error"]))' >&2
     done
 done
 "$python" - "$out" "$prefix.json" "$prefix.png" <<'PY'
@@ -143,6 +147,9 @@ for model in sorted({r["model"] for r in rows}):
                        "rank_correlation": spearman(pred, meas)})
 doc = {"rows": rows, "step_time": stats("step_time_s"), "peak_memory": stats("peak_memory_bytes"),
        "spread_median": statistics.median(r["step_time_spread"] for r in rows), "planner": choice}
+memory_spreads = [r["peak_memory_spread"] for r in rows if "peak_memory_spread" in r]
+if memory_spreads:
+    doc["memory_spread_median"] = statistics.median(memory_spreads)
 with open(sys.argv[2], "w") as f:
     json.dump(doc, f, indent=1)
 fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
@@ -162,5 +169,5 @@ for ax, key, unit, scale in [(axes[0], "step_time_s", "step time (ms)", 1e3), (a
 fig.suptitle("piper predict vs mixtral_train, held-out models, one calibration for 1, 2 and 4 ranks")
 fig.tight_layout()
 fig.savefig(sys.argv[3], dpi=110)
-print(json.dumps({k: doc[k] for k in ("step_time", "peak_memory", "spread_median", "planner")}, indent=1))
+print(json.dumps({k: doc[k] for k in ("step_time", "peak_memory", "spread_median", "memory_spread_median", "planner") if k in doc}, indent=1))
 PY
