@@ -240,7 +240,7 @@ pub fn measure(device: &Device, peak_flops: f64) -> Measured {
 /// it before anything else uses the pool), against `threads × core_peak_flops`. Run it as the ranks
 /// would run, `cores ÷ threads` processes at once (`piper calibrate` does and takes their mean).
 pub fn measure_rank(threads: u64, core_peak_flops: f64) -> Result<ThreadCosts, rayon::ThreadPoolBuildError> {
-    rayon::ThreadPoolBuilder::new().num_threads(threads as usize).build_global()?;
+    crate::runtime::threads::rank_pool(threads as usize)?;
     let device = Device::flex().autodiff();
     let m = measure(&device, core_peak_flops * threads as f64);
     Ok(ThreadCosts {

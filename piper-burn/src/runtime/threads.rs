@@ -3,6 +3,10 @@
 //! gets the cores ÷ ranks on the host, instead of every rank spawning one thread per core (two ranks on
 //! two cores ran four busy threads, and the planner's per-rank peak was wrong). `RAYON_NUM_THREADS` set
 //! by the user wins; a single process keeps every core it may run on.
+//!
+//! The calling thread is one of the pool's threads ([`rank_pool`]): a one-thread rank computes on its
+//! main thread, with no hand-off to a worker per kernel and one malloc arena, so its peak memory does
+//! not depend on which thread freed a buffer last.
 
 use piper_comm::launch::{host_cores, launcher_bound, local_ranks, threads_per_rank};
 
@@ -36,16 +40,30 @@ pub fn decide(cores: usize, local: Option<usize>, bound: bool) -> ThreadShare {
 /// `RAYON_NUM_THREADS` decides). `on_host`: the world's ranks on this host as MPI counts them
 /// ([`World::local_ranks`](piper_comm::launch::World)); without it, the launcher's variables.
 pub fn share_cores(on_host: Option<usize>) -> Result<Option<ThreadShare>> {
-    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
-        return Ok(None);
-    }
     let cores = host_cores();
     let local = on_host.or_else(local_ranks);
+    let user_set = std::env::var_os("RAYON_NUM_THREADS").is_some();
     let share = decide(cores, local, launcher_bound());
-    rayon::ThreadPoolBuilder::new().num_threads(share.threads).build_global().map_err(|source| {
-        RuntimeError::ThreadPool { threads: share.threads, ranks: local.unwrap_or(1), cores, source }
+    // `0` lets rayon read RAYON_NUM_THREADS.
+    let threads = if user_set { 0 } else { share.threads };
+    rank_pool(threads).map_err(|source| RuntimeError::ThreadPool {
+        threads: share.threads,
+        ranks: local.unwrap_or(1),
+        cores,
+        source,
     })?;
-    Ok(Some(share))
+    Ok((!user_set).then_some(share))
+}
+
+/// Builds the global pool with `threads` threads (`0`: as `RAYON_NUM_THREADS` says, else one per core),
+/// the calling thread among them. Call it from the thread that drives the rank, before anything uses
+/// the pool; that thread must outlive the pool's use (a rank's main thread does).
+pub fn rank_pool(threads: usize) -> std::result::Result<(), rayon::ThreadPoolBuildError> {
+    pool_builder(threads).build_global()
+}
+
+fn pool_builder(threads: usize) -> rayon::ThreadPoolBuilder {
+    rayon::ThreadPoolBuilder::new().num_threads(threads).use_current_thread()
 }
 
 #[cfg(test)]
@@ -60,5 +78,21 @@ mod tests {
         assert_eq!(decide(16, None, false).threads, 16);
         assert_eq!(decide(16, Some(1), true).threads, 16);
         assert!(decide(7, Some(8), true).why.contains("bound"));
+    }
+
+    #[test]
+    fn a_one_thread_rank_computes_on_the_thread_that_drives_it() {
+        use rayon::prelude::*;
+        std::thread::spawn(|| {
+            let pool = pool_builder(1).build().unwrap();
+            let driver = std::thread::current().id();
+            let ran_on: Vec<_> =
+                pool.install(|| (0..256).into_par_iter().map(|_| std::thread::current().id()).collect());
+            assert_eq!(pool.current_num_threads(), 1);
+            assert_eq!(pool.current_thread_index(), Some(0), "the driving thread is the pool's thread 0");
+            assert!(ran_on.iter().all(|t| *t == driver), "no hand-off to a worker thread");
+        })
+        .join()
+        .unwrap();
     }
 }
