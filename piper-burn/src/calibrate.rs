@@ -124,6 +124,7 @@ pub fn measure_runtime_costs(device: &Device) -> RuntimeCosts {
         logits_factor: 1.0,
         activation_working_factor: 0.0,
         logits_working_factor: 0.0,
+        expert_exchange_bytes: 0.0,
     }
 }
 

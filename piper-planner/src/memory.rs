@@ -233,7 +233,7 @@ impl Footprint {
             last_stage_act: last_act,
             cfg: cfg.clone(),
             layout: *layout,
-            overhead: platform.overhead_bytes(),
+            overhead: platform.overhead_bytes() + expert_exchange_bytes(&platform, layout),
             memory_scale: platform.refinement().memory_scale,
             state_factor: platform.runtime.map_or(1.0, |r| {
                 let configured = cfg.weight_bytes + cfg.grad_bytes + cfg.optimizer_bytes;
@@ -339,6 +339,11 @@ impl Footprint {
 }
 
 /// Activations of one layer for one micro-batch on one rank.
+/// What an expert-parallel rank holds for the exchange beyond the model's count (none at `ep = 1`).
+fn expert_exchange_bytes(platform: &Platform, layout: &Layout) -> f64 {
+    if layout.ep > 1 { platform.runtime.map_or(0.0, |r| r.expert_exchange_bytes) } else { 0.0 }
+}
+
 fn layer_activations(
     spec: &ModelSpec,
     kind: LayerKind,
@@ -485,6 +490,7 @@ mod tests {
             logits_factor: 3.0,
             activation_working_factor: 0.25,
             logits_working_factor: 0.5,
+            expert_exchange_bytes: 3.0e6,
         };
         for runtime in [None, Some(measured)] {
             p.runtime = runtime;
@@ -522,6 +528,23 @@ mod tests {
                 assert!((fp.stage_total_bytes(s, first, n) - slow).abs() <= 1e-6 * slow, "{name} {s} {first} {n}");
             }
         }
+    }
+
+    #[test]
+    fn only_expert_parallel_ranks_hold_the_exchange_overhead() {
+        let spec = preset("mixtral-8x7b").unwrap();
+        let mut p = platform::preset("frontier").unwrap();
+        let total = |p: &Platform, ep: u64| {
+            Footprint::new(&spec, p, &Layout { pp: 2, ep, dp: 1 }, &cfg(4)).unwrap().stage(1, 16, 16).total_bytes
+        };
+        let costs = p.runtime.unwrap_or_else(crate::platform::RuntimeCosts::distinct_for_tests);
+        p.runtime = Some(crate::platform::RuntimeCosts { expert_exchange_bytes: 5.0e7, ..costs });
+        let without = crate::platform::RuntimeCosts { expert_exchange_bytes: 0.0, ..costs };
+        let mut q = p.clone();
+        q.runtime = Some(without);
+        // Against the same platform without the term: + 50 MB on an expert-parallel rank, nothing at ep = 1.
+        assert_eq!(total(&p, 1), total(&q, 1));
+        assert!((total(&p, 8) - total(&q, 8) - 5.0e7).abs() < 1e-3, "{} {}", total(&p, 8), total(&q, 8));
     }
 
     #[test]

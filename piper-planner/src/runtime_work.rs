@@ -151,6 +151,7 @@ mod tests {
             logits_factor: 1.0,
             activation_working_factor: 0.0,
             logits_working_factor: 0.0,
+            expert_exchange_bytes: 0.0,
         };
         let sum = a.norm + a.rope + a.softmax + a.swiglu + a.elementwise;
         assert!((a.seconds(&unit) - sum * 1e-9).abs() < 1e-15);

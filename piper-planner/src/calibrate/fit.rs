@@ -109,12 +109,20 @@ pub fn profiled_run(
     Ok(ProfiledRun { threads, ep: ranks, spec, cfg, rows, baseline_s: None })
 }
 
-/// A one-rank run's largest peak RSS against what the model counts for it on `base` (as the runtime
+/// A run's largest peak RSS against what the model counts for that rank on `base` (as the runtime
 /// trains: [`runtime_train_config`]; factors 1): parameters, and one micro-batch's layer
-/// activations and logits, with the micro-batches it holds.
-pub fn memory_point(summary: &RunSummary, spec: &ModelSpec, base: &Platform, run: &ProfileRun) -> Result<MemoryPoint> {
-    let cfg = runtime_train_config(run.seq, run.batch / run.micro_batches, 1, Schedule::OneFOneB, Recompute::None);
-    let layout = Layout { pp: 1, ep: 1, dp: 1 };
+/// activations and logits, with the micro-batches it holds. `ep`: the ranks of its expert group (1:
+/// a one-rank run), which share out the run's sequences and its experts.
+pub fn memory_point(
+    summary: &RunSummary,
+    spec: &ModelSpec,
+    base: &Platform,
+    run: &ProfileRun,
+    ep: u64,
+) -> Result<MemoryPoint> {
+    let sequences = run.batch / run.micro_batches / ep;
+    let cfg = runtime_train_config(run.seq, sequences, 1, Schedule::OneFOneB, Recompute::None);
+    let layout = Layout { pp: 1, ep, dp: 1 };
     let stage = Footprint::new(spec, base, &layout, &cfg)?.stages(&StageSplit::even(spec.num_layers, 1)).remove(0);
     let logits = stage.activations.logits;
     Ok(MemoryPoint {

@@ -81,13 +81,14 @@ pub fn calibrate(s: &Settings, say: &mut dyn FnMut(&str)) -> Result<Platform> {
         STEP_RUNS.len()
     ));
     let (mut profiled, memory) = profile_one_rank(s, &w, &threads, &base)?;
-    profiled.extend(profile_expert_parallel(s, &w, &threads)?);
+    let (expert_parallel, exchange) = profile_expert_parallel(s, &w, &threads, &base)?;
+    profiled.extend(expert_parallel);
     let data_parallel = data_parallel_runs(s, &w)?;
     if let Some(share) = steal.share().filter(|_| !s.reuse) {
         say(&steal::report(share, "the calibration"));
     }
     say("4/4 fitting and writing the platform");
-    let fitted = with_runtime(base, s.cores, s.ranks_per_node, costs, &memory)?;
+    let fitted = with_runtime(base, s.cores, s.ranks_per_node, costs, &memory, &exchange)?;
     let fitted = with_data_parallel(with_step_costs(fitted, &profiled)?, data_parallel)?;
     if let Some(dir) = s.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| CalibrateError::file(dir, format!("cannot create: {e}")))?;
@@ -165,19 +166,17 @@ fn train_args(run: &ProfileRun, model: &str, steps: u64, summary: &Path) -> Vec<
     flags.into_iter().flat_map(|(k, v)| [k.to_string(), v]).chain(["--no-progress".to_string()]).collect()
 }
 
-/// The profiled one-rank runs, and the memory points with the threads of the rank that measured each.
-type OneRankRuns = (Vec<ProfiledRun>, Vec<(u64, MemoryPoint)>);
+/// Profiled runs, and memory points with the threads of the rank that measured each.
+type ProfiledAndMemory = (Vec<ProfiledRun>, Vec<(u64, MemoryPoint)>);
 
 /// Every step run at every thread count (copies at once), profiled, in [`PROFILE_ROUNDS`] interleaved
 /// rounds, each round a row of the fit (the machine's speed drifts between rounds; the fit takes their
-/// middle, as a run's median step does). The memory points of the last round's runs on every core,
-/// which run [`memory_steps`], each with its rank's threads. Memory is fitted on every core only, and a
-/// planner that under-counts memory offers plans that do not fit: the one-thread runs' peaks (8 steps,
-/// within 0.3 MiB of each other) fitted per thread count priced one-thread ranks of 30-step runs 15%
-/// under in the median, 26% at worst (Intel Xeon 6/167), and the expert-parallel ranks under wherever
-/// it was tried, as the model does not count the exchange path's buffers (which the fit on every core
-/// absorbs).
-fn profile_one_rank(s: &Settings, w: &Workers, threads: &[u64], base: &Platform) -> Result<OneRankRuns> {
+/// middle, as a run's median step does). The memory points of the last round's runs, each with its
+/// rank's threads: on every core those run [`memory_steps`] (a rank of several threads grows its
+/// allocator pools over its first steps); below, the profiled run's [`PROFILE_STEPS`] suffice, as a
+/// rank of one thread computes on its own thread and its peak is steady by then (a data-parallel
+/// `heldout11-qwen3` rank of one thread: 214 MiB after 8, 30 and 100 steps, AMD EPYC Zen 4).
+fn profile_one_rank(s: &Settings, w: &Workers, threads: &[u64], base: &Platform) -> Result<ProfiledAndMemory> {
     let summary =
         |i: usize, t: u64, copy: u64, round: usize| s.work.join(format!("summary-{i}-{t}-{copy}-{round}.json"));
     let last = PROFILE_ROUNDS - 1;
@@ -218,8 +217,8 @@ fn profile_one_rank(s: &Settings, w: &Workers, threads: &[u64], base: &Platform)
                 for round in 0..PROFILE_ROUNDS {
                     let read = fit::RunSummary::read(&summary(i, t, copy, round))?;
                     profiled.push(fit::profiled_run(&read, spec.clone(), run, t, 1)?);
-                    if run.memory && t == s.cores && round == last {
-                        memory.push((t, fit::memory_point(&read, &spec, base, run)?));
+                    if run.memory && round == last {
+                        memory.push((t, fit::memory_point(&read, &spec, base, run, 1)?));
                     }
                 }
             }
@@ -250,7 +249,7 @@ fn held_memory(
             |_| Job { what: what.clone(), program: w.trainer.clone(), args: args.clone(), env: Vec::new() },
         )?;
         let spec = resolve_model(&model)?;
-        memory.push((s.cores, fit::memory_point(&fit::RunSummary::read(&file)?, &spec, base, &run)?));
+        memory.push((s.cores, fit::memory_point(&fit::RunSummary::read(&file)?, &spec, base, &run, 1)?));
     }
     Ok(memory)
 }
@@ -265,7 +264,8 @@ fn memory_steps(step_s: f64) -> u64 {
 /// that makes a group of two or more, in [`PROFILE_ROUNDS`] interleaved rounds (each a row of the fit),
 /// each right after its paired fused run: the same model and tokens per rank as `cores ÷ threads`
 /// one-rank copies at once, on the same cores (see [`StepRun::baseline_s`](crate::platform::StepRun)).
-fn profile_expert_parallel(s: &Settings, w: &Workers, threads: &[u64]) -> Result<Vec<ProfiledRun>> {
+/// With them, the memory point of each run's last round, with the threads of its ranks.
+fn profile_expert_parallel(s: &Settings, w: &Workers, threads: &[u64], base: &Platform) -> Result<ProfiledAndMemory> {
     let groups: Vec<u64> = threads.iter().copied().filter(|t| s.cores / t >= 2).collect();
     let summary = |i: usize, t: u64, round: usize| s.work.join(format!("summary-ep-{i}-{t}-{round}.json"));
     let paired =
@@ -294,12 +294,15 @@ fn profile_expert_parallel(s: &Settings, w: &Workers, threads: &[u64]) -> Result
             }
         }
     }
-    let mut profiled = Vec::new();
+    let (mut profiled, mut exchange) = (Vec::new(), Vec::new());
     for (i, run) in EP_RUNS.iter().enumerate() {
         let spec = resolve_model(&run.model.arg(&s.work)?)?;
         for &t in &groups {
             for round in 0..PROFILE_ROUNDS {
                 let read = fit::RunSummary::read(&summary(i, t, round))?;
+                if round == PROFILE_ROUNDS - 1 {
+                    exchange.push((t, fit::memory_point(&read, &spec, base, run, s.cores / t)?));
+                }
                 let copies = (0..s.cores / t)
                     .map(|copy| fit::RunSummary::read(&paired(i, t, copy, round))?.compute_seconds())
                     .collect::<Result<Vec<f64>>>()?;
@@ -309,7 +312,7 @@ fn profile_expert_parallel(s: &Settings, w: &Workers, threads: &[u64]) -> Result
             }
         }
     }
-    Ok(profiled)
+    Ok((profiled, exchange))
 }
 
 /// Data-parallel runs on `cores` and `2 × cores` ranks, profiled, in interleaved rounds: the ratio of

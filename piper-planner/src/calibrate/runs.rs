@@ -78,7 +78,7 @@ const fn run(model: CalibrationModel, batch: u64, seq: u64) -> ProfileRun {
 /// One-rank runs at every thread count: parameters (2.7M–16M), layer activations (longer sequences grow
 /// the s² attention scores) and logits (vocabularies of 256 and 4096) varied independently, and one of
 /// almost no work (62 tokens through a 64-wide model), whose step is the layers' fixed costs. Their
-/// profiles fit the step costs; the others' runs on every core also fit the memory.
+/// profiles fit the step costs; the others' runs also fit the memory of their thread count.
 pub const STEP_RUNS: [ProfileRun; 9] = [
     run(MIXTRAL_S, 8, 63),
     run(MIXTRAL_S, 32, 127),

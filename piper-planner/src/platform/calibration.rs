@@ -54,6 +54,33 @@ pub struct MemoryFit {
     pub logits_working_factor: f64,
 }
 
+impl MemoryFit {
+    /// The peak this fit prices for the run `p`, bytes.
+    pub fn peak_bytes(&self, p: &MemoryPoint) -> f64 {
+        let (a, l) = (p.activation_bytes, p.logits_bytes);
+        self.base_bytes
+            + self.bytes_per_param * p.params
+            + p.in_flight * (self.activation_factor * a + self.logits_factor * l)
+            + self.activation_working_factor * a
+            + self.logits_working_factor * l
+    }
+}
+
+/// What the expert-parallel ranks of `runs` held beyond what `fit` prices for them (each point the
+/// model's count of its largest rank, as an expert-parallel rank): the median excess, 0 when they held
+/// less or none ran. A constant: across the calibration's expert-parallel runs the excess does not
+/// follow the tokens exchanged (19–50 MiB for 0.5–6 MB of dispatch per step and layer, AMD EPYC Zen 4).
+pub fn expert_exchange_bytes(fit: &MemoryFit, runs: &[MemoryPoint]) -> f64 {
+    let mut excess: Vec<f64> = runs.iter().map(|p| p.peak_rss_bytes - fit.peak_bytes(p)).collect();
+    if excess.is_empty() {
+        return 0.0;
+    }
+    excess.sort_by(f64::total_cmp);
+    let mid = excess.len() / 2;
+    let median = if excess.len() % 2 == 1 { excess[mid] } else { 0.5 * (excess[mid - 1] + excess[mid]) };
+    median.max(0.0)
+}
+
 /// Non-negative least squares of the [`MemoryFit`] over the runs, on relative errors. Needs six runs,
 /// whose parameters, activations and logits vary independently; the working terms are told apart
 /// from the kept ones only by runs holding more than one micro-batch (without them they stay 0).
@@ -99,37 +126,42 @@ pub fn fit_memory(points: &[MemoryPoint]) -> Result<MemoryFit> {
 /// ranks sharing `cores` cores), the runtime's compute costs per thread count (`threads`, from
 /// `piper_burn::calibrate::measure_threads`) and the memory fitted from `runs` (each with the threads
 /// of the rank that measured it): the top-level memory from the runs on every core, each other thread
-/// count's from its own runs where it has them. The peak becomes per core; the top-level tables are
-/// those of one thread; `ranks_per_node` ranks share the node's memory; the runtime trains in fp32.
-/// Errors name what is missing or off.
+/// count's from its own runs where it has them, and each thread count's expert-exchange overhead from
+/// its expert-parallel runs (`exchange`, [`expert_exchange_bytes`]). The peak becomes per core; the
+/// top-level tables are those of one thread; `ranks_per_node` ranks share the node's memory; the
+/// runtime trains in fp32. Errors name what is missing or off.
 pub fn with_runtime(
     base: Platform,
     cores: u64,
     ranks_per_node: u64,
     mut threads: Vec<ThreadCosts>,
     runs: &[(u64, MemoryPoint)],
+    exchange: &[(u64, MemoryPoint)],
 ) -> Result<Platform> {
     let src = "runtime calibration";
     if threads.first().is_none_or(|t| t.threads != 1) {
         return Err(Error::invalid(src, "threads", "needs the one-thread measurement first"));
     }
-    let at = |t: u64| runs.iter().filter(|(threads, _)| *threads == t).map(|(_, p)| *p).collect::<Vec<_>>();
-    let fit = fit_memory(&at(cores))?;
+    let of = |all: &[(u64, MemoryPoint)], t: u64| {
+        all.iter().filter(|(threads, _)| *threads == t).map(|(_, p)| *p).collect::<Vec<_>>()
+    };
+    let fit = fit_memory(&of(runs, cores))?;
     for costs in threads.iter_mut().filter(|c| c.threads < cores) {
-        let points = at(costs.threads);
-        if points.is_empty() {
-            continue;
+        let points = of(runs, costs.threads);
+        let own = if points.is_empty() { None } else { Some(fit_memory(&points)?) };
+        if let Some(own) = own {
+            costs.runtime = RuntimeCosts {
+                bytes_per_param: own.bytes_per_param,
+                activation_factor: own.activation_factor,
+                logits_factor: own.logits_factor,
+                activation_working_factor: own.activation_working_factor,
+                logits_working_factor: own.logits_working_factor,
+                ..costs.runtime
+            };
+            costs.framework_overhead_gib = Some(own.base_bytes / GIB);
         }
-        let own = fit_memory(&points)?;
-        costs.runtime = RuntimeCosts {
-            bytes_per_param: own.bytes_per_param,
-            activation_factor: own.activation_factor,
-            logits_factor: own.logits_factor,
-            activation_working_factor: own.activation_working_factor,
-            logits_working_factor: own.logits_working_factor,
-            ..costs.runtime
-        };
-        costs.framework_overhead_gib = Some(own.base_bytes / GIB);
+        costs.runtime.expert_exchange_bytes =
+            expert_exchange_bytes(own.as_ref().unwrap_or(&fit), &of(exchange, costs.threads));
     }
     let one = &threads[0];
     let base_threads = threads_per_rank(cores, base.gpus_per_node) as f64;
@@ -462,7 +494,7 @@ mod tests {
         };
         let runs: Vec<(u64, MemoryPoint)> = runs_of(2, 1.2e8, 21.0, 0.45).chain(runs_of(1, 6e7, 17.0, 0.4)).collect();
         let threads = vec![costs(1), costs(2)];
-        let p = with_runtime(local.clone(), 2, 4, threads, &runs).unwrap();
+        let p = with_runtime(local.clone(), 2, 4, threads, &runs, &[]).unwrap();
         let close = |x: f64, y: f64| (x / y - 1.0).abs() < 1e-9;
         assert!(close(p.overhead_bytes(), 1.2e8) && close(p.runtime.unwrap().bytes_per_param, 21.0));
         assert!(close(p.threads[0].framework_overhead_gib.unwrap() * GIB, 6e7), "{:?}", p.threads[0]);
@@ -474,5 +506,19 @@ mod tests {
         assert!(close(one_thread.overhead_bytes(), 6e7) && close(one_thread.runtime.unwrap().bytes_per_param, 17.0));
         let two_threads = p.for_node_ranks(1);
         assert!(close(two_threads.overhead_bytes(), 1.2e8));
+
+        // Expert-parallel ranks of one thread that hold 30 MB more than that thread count's fit prices
+        // (one 5 MB less, one 40 MB more: the median, not the mean): 30 MB, for one thread only.
+        let excess = [3e7, 3e7, -5e6, 3e7, 4e7];
+        let exchange: Vec<(u64, MemoryPoint)> = SHAPES
+            .iter()
+            .zip(excess)
+            .map(|(s, extra)| (1, point(s, |p, a, l, n| 6e7 + 17.0 * p + n * (0.4 * a + 1.5 * l) + extra)))
+            .collect();
+        let threads = vec![costs(1), costs(2)];
+        let p = with_runtime(local.clone(), 2, 4, threads, &runs, &exchange).unwrap();
+        assert!(close(p.threads[0].runtime.expert_exchange_bytes, 3e7), "{:?}", p.threads[0].runtime);
+        assert_eq!(p.threads[1].runtime.expert_exchange_bytes, 0.0, "no expert-parallel runs on every core");
+        assert!(close(p.for_node_ranks(4).runtime.unwrap().expert_exchange_bytes, 3e7));
     }
 }

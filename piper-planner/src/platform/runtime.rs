@@ -41,6 +41,15 @@ pub struct RuntimeCosts {
     /// The same for the logits: the cross-entropy's backward temporaries over the vocabulary.
     #[serde(default)]
     pub logits_working_factor: f64,
+    /// What an expert-parallel rank holds beyond the model's count, bytes: the exchange path's buffers
+    /// (the MPI library's per-peer pools, the host staging of dispatch and combine). Fitted on the
+    /// calibration's expert-parallel runs; 0 where none ran.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub expert_exchange_bytes: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 impl RuntimeCosts {
@@ -58,6 +67,7 @@ impl RuntimeCosts {
             ("runtime.logits_factor", self.logits_factor, 1e3),
             ("runtime.activation_working_factor", self.activation_working_factor, 1e3),
             ("runtime.logits_working_factor", self.logits_working_factor, 1e3),
+            ("runtime.expert_exchange_bytes", self.expert_exchange_bytes, 1e15),
         ];
         for (field, v, hi) in fields {
             limits::number(src, field, v, 0.0, hi)?;
@@ -81,6 +91,7 @@ impl RuntimeCosts {
             logits_factor: 1.0,
             activation_working_factor: 0.0,
             logits_working_factor: 0.0,
+            expert_exchange_bytes: 0.0,
         }
     }
 }
