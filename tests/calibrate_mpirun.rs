@@ -40,6 +40,11 @@ fn calibrate_writes_a_platform_the_planner_prices_with() {
     let measured: Vec<u64> = p.threads.iter().map(|t| t.threads).collect();
     assert_eq!(measured, thread_counts(cores), "one set of costs per thread count a rank can get");
     for t in &p.threads {
+        let line = format!("  {} thread(s) per rank: op", t.threads);
+        assert!(text.contains(&line), "the summary names each thread count's costs (`{line}`):\n{text}");
+        if t.threads < cores {
+            assert!(t.framework_overhead_gib.is_some(), "no memory fit of its own at {} thread(s)", t.threads);
+        }
         let step = t.step.as_ref().unwrap_or_else(|| panic!("no step costs at {} thread(s)", t.threads));
         assert!(step.linear > 0.0 && step.experts > 0.0 && step.optimizer_ns > 0.0, "{step:?}");
         assert!(step.replica_sync > 0.0, "the data-parallel runs' gradient reduction: {step:?}");

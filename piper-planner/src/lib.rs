@@ -29,6 +29,7 @@ pub mod run_plan;
 pub mod runtime_work;
 pub mod schedule;
 pub mod split;
+pub mod stats;
 pub mod text;
 pub mod time;
 pub mod trace;

@@ -41,6 +41,7 @@ use crate::platform::{
     self, DataParallelRuns, MemoryPoint, Platform, ProfiledRun, ThreadCosts, thread_counts, to_toml,
     with_data_parallel, with_runtime, with_step_costs,
 };
+use crate::stats::median;
 
 /// What to calibrate and where.
 #[derive(Clone, Debug)]
@@ -172,10 +173,10 @@ type ProfiledAndMemory = (Vec<ProfiledRun>, Vec<(u64, MemoryPoint)>);
 /// Every step run at every thread count (copies at once), profiled, in [`PROFILE_ROUNDS`] interleaved
 /// rounds, each round a row of the fit (the machine's speed drifts between rounds; the fit takes their
 /// middle, as a run's median step does). The memory points of the last round's runs, each with its
-/// rank's threads: on every core those run [`memory_steps`] (a rank of several threads grows its
-/// allocator pools over its first steps); below, the profiled run's [`PROFILE_STEPS`] suffice, as a
-/// rank of one thread computes on its own thread and its peak is steady by then (a data-parallel
-/// `heldout11-qwen3` rank of one thread: 214 MiB after 8, 30 and 100 steps, AMD EPYC Zen 4).
+/// rank's threads: a rank of several threads (and a lone core's rank) runs [`memory_steps`], as it grows
+/// its allocator pools over its first steps; a rank of one thread on a node of several cores runs the
+/// profiled run's [`PROFILE_STEPS`], as it computes on its own thread and its peak is steady by then (a
+/// data-parallel `heldout11-qwen3` rank of one thread: 214 MiB after 8, 30 and 100 steps, AMD EPYC Zen 4).
 fn profile_one_rank(s: &Settings, w: &Workers, threads: &[u64], base: &Platform) -> Result<ProfiledAndMemory> {
     let summary =
         |i: usize, t: u64, copy: u64, round: usize| s.work.join(format!("summary-{i}-{t}-{copy}-{round}.json"));
@@ -187,7 +188,7 @@ fn profile_one_rank(s: &Settings, w: &Workers, threads: &[u64], base: &Platform)
                 // The last round's runs measure memory too: long enough to reach the steady state of
                 // the allocator's pools, as a long run does.
                 let steps = match round {
-                    r if r == last && t == s.cores && run.memory => {
+                    r if r == last && (t > 1 || t == s.cores) && run.memory => {
                         memory_steps(fit::RunSummary::read(&summary(i, t, 0, 0))?.step_s)
                     }
                     _ => PROFILE_STEPS,
@@ -338,11 +339,14 @@ fn data_parallel_runs(s: &Settings, w: &Workers) -> Result<DataParallelRuns> {
         }
         ratios.push(steps[1] / steps[0]);
     }
-    Ok(DataParallelRuns { step_ratio: median(ratios), replica_sync: median(sync) })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    if v.len().is_multiple_of(2) { (v[mid - 1] + v[mid]) / 2.0 } else { v[mid] }
+    let median_of = |v: &[f64], what: &str| {
+        median(v).ok_or_else(|| CalibrateError::Worker {
+            what: format!("data-parallel runs on {} and {} ranks", s.cores, 2 * s.cores),
+            why: format!("no {what} to take the median of ({v:?}); rerun `piper calibrate`"),
+        })
+    };
+    Ok(DataParallelRuns {
+        step_ratio: median_of(&ratios, "step-time ratio")?,
+        replica_sync: median_of(&sync, "gradient-reduction share")?,
+    })
 }

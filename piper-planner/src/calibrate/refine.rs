@@ -11,8 +11,8 @@ use crate::error::{Error, Result};
 use crate::history::HistoryRecord;
 use crate::planner::price;
 use crate::platform::{Platform, Refinement};
+use crate::stats;
 
-use super::median;
 use super::steal::STEAL_WARN;
 
 /// Most recent runs a refinement is fitted on: the machine as it is now, not as it was months ago.
@@ -132,6 +132,12 @@ fn price_again(base: &Platform, r: &HistoryRecord) -> std::result::Result<Priced
         predicted_peak_bytes: c.peak_memory_bytes,
         measured_peak_bytes: r.peak_rss_bytes,
     })
+}
+
+/// The median of `v`, NaN for none: `refine` prices only runs with positive steps and peaks, and a NaN
+/// that got through fails the refined platform's validation.
+fn median(v: Vec<f64>) -> f64 {
+    stats::median(&v).unwrap_or(f64::NAN)
 }
 
 /// The geometric median of measured ÷ predicted, step time and memory apart (robust to one slow run).

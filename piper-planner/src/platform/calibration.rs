@@ -70,15 +70,13 @@ impl MemoryFit {
 /// model's count of its largest rank, as an expert-parallel rank): the median excess, 0 when they held
 /// less or none ran. A constant: across the calibration's expert-parallel runs the excess does not
 /// follow the tokens exchanged (19–50 MiB for 0.5–6 MB of dispatch per step and layer, AMD EPYC Zen 4).
+/// A NaN among the excesses gives NaN, which the platform's validation refuses.
 pub fn expert_exchange_bytes(fit: &MemoryFit, runs: &[MemoryPoint]) -> f64 {
-    let mut excess: Vec<f64> = runs.iter().map(|p| p.peak_rss_bytes - fit.peak_bytes(p)).collect();
+    let excess: Vec<f64> = runs.iter().map(|p| p.peak_rss_bytes - fit.peak_bytes(p)).collect();
     if excess.is_empty() {
         return 0.0;
     }
-    excess.sort_by(f64::total_cmp);
-    let mid = excess.len() / 2;
-    let median = if excess.len() % 2 == 1 { excess[mid] } else { 0.5 * (excess[mid - 1] + excess[mid]) };
-    median.max(0.0)
+    crate::stats::median(&excess).map_or(f64::NAN, |m| m.max(0.0))
 }
 
 /// Non-negative least squares of the [`MemoryFit`] over the runs, on relative errors. Needs six runs,

@@ -8,6 +8,8 @@
 
 use std::collections::VecDeque;
 
+use piper_planner::stats::median;
+
 use super::metrics::{MigrationOutcome, StepMetrics};
 
 /// The moves waiting for their window after to close.
@@ -74,18 +76,6 @@ impl OutcomeTracker {
     }
 }
 
-/// The median (the mean of the middle two for an even count); `None` for no values.
-fn median(values: &[f64]) -> Option<f64> {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some(0.5 * (v[n / 2 - 1] + v[n / 2])),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,11 +138,5 @@ mod tests {
         assert_eq!(outcomes.len(), 1);
         assert_eq!((outcomes[0].step_time_before_s, outcomes[0].step_time_after_s), (1.0, 3.0));
         assert_eq!(outcomes[0].realised_gain_per_step_s, -2.0);
-    }
-
-    #[test]
-    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
-        assert_eq!(median(&[]), None);
     }
 }

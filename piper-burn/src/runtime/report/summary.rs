@@ -66,13 +66,10 @@ pub struct RunSummary {
     pub steal_share: Option<f64>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) }
+/// The median of a steady-state column, NaN for none (or for a NaN in it): a summary field that has no
+/// median reads as missing, not as a number.
+fn median(v: Vec<f64>) -> f64 {
+    piper_planner::stats::median(&v).unwrap_or(f64::NAN)
 }
 
 impl RunSummary {
@@ -260,5 +257,6 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(vec![]).is_nan());
+        assert!(median(vec![1.0, 2.0, f64::NAN]).is_nan());
     }
 }

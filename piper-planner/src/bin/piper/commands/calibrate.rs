@@ -93,7 +93,30 @@ pub fn run(a: Args) -> Result<String, CalibrateError> {
         rc.logits_working_factor,
         platform.framework_overhead_gib,
         platform.time_share_exponent.unwrap_or(f64::NAN),
-    ))
+    ) + &per_thread_count(&platform))
+}
+
+/// A line per thread count the calibration measured: its op overhead, the memory it holds beyond the
+/// model (its own fit, or the every-core fit standing in) and the expert-exchange term.
+fn per_thread_count(platform: &piper_planner::platform::Platform) -> String {
+    let every_core = platform.framework_overhead_gib;
+    platform
+        .threads
+        .iter()
+        .map(|t| {
+            let (fixed, whose) = match t.framework_overhead_gib {
+                Some(gib) => (gib, "its own runs"),
+                None => (every_core, "the every-core fit"),
+            };
+            format!(
+                "  {} thread(s) per rank: op {:.2} µs; fixed memory {:.3} GiB ({whose}); expert exchange {:.1} MiB\n",
+                t.threads,
+                t.runtime.op_overhead_us,
+                fixed,
+                t.runtime.expert_exchange_bytes / (1u64 << 20) as f64,
+            )
+        })
+        .collect()
 }
 
 /// `--refine`: the platform at `out` refitted from the history, written atomically.
