@@ -12,7 +12,7 @@
 # model, on the same platform file).
 #
 #   PYTHON=/path/with/matplotlib [REPEATS=3] [PLATFORM=FILE] [MODELS="a.json b.json"] [OUT=PREFIX] \
-#       [REPRICE=1] benchmarks/accuracy.sh [STEPS]
+#       [REPRICE=1] [KEEP=DIR] benchmarks/accuracy.sh [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-30}
@@ -48,7 +48,8 @@ layouts=(
     "4 1 4 1 1 1f1b" "4 2 2 1 2 1f1b" "4 1 2 2 1 1f1b" "4 2 1 2 2 gpipe" "4 2 2 1 4 gpipe" "4 4 1 1 4 1f1b"
 )
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# KEEP=DIR keeps every run's summary (each rank's peak RSS, the profile) in DIR.
+trap '[[ -n ${KEEP:-} ]] && mkdir -p "$KEEP" && cp "$tmp"/summary-*.json "$KEEP"/ 2>/dev/null; rm -rf "$tmp"' EXIT
 prefix=${OUT:-benchmarks/results/accuracy}
 out=$prefix.jsonl
 if [[ -n ${REPRICE:-} ]]; then
