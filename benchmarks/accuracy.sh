@@ -26,6 +26,10 @@ if ! "$python" -c 'import matplotlib' 2>/dev/null; then
     echo "error: $python cannot import matplotlib (for the plot); set PYTHON to one that can" >&2
     exit 2
 fi
+if [[ -n ${KEEP:-} ]] && ! mkdir -p "$KEEP"; then
+    echo "error: KEEP=$KEEP: cannot create the folder for the runs' summaries; name a writable one" >&2
+    exit 2
+fi
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/piper-target}
 [[ -n ${REPRICE:-} ]] || cargo build --release --features mpi --example mixtral_train --example calibrate_runtime >&2
 cargo build --release -p piper-planner --bin piper >&2
@@ -49,7 +53,7 @@ layouts=(
 )
 tmp=$(mktemp -d)
 # KEEP=DIR keeps every run's summary (each rank's peak RSS, the profile) in DIR.
-trap '[[ -n ${KEEP:-} ]] && mkdir -p "$KEEP" && cp "$tmp"/summary-*.json "$KEEP"/ 2>/dev/null; rm -rf "$tmp"' EXIT
+trap '[[ -n ${KEEP:-} ]] && cp "$tmp"/summary-*.json "$KEEP"/ 2>/dev/null; rm -rf "$tmp"' EXIT
 prefix=${OUT:-benchmarks/results/accuracy}
 out=$prefix.jsonl
 if [[ -n ${REPRICE:-} ]]; then
