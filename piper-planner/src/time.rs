@@ -444,12 +444,15 @@ impl<'a> CostModel<'a> {
         let shared = self.platform.time_share(self.node_ranks, pipeline.bubble_fraction);
         // Ranks that outnumber the cores contend whenever enough of them compute at once, even where
         // the step's mean busy share fits the cores (a pipeline's steady phase).
-        if self.platform.time_share(self.node_ranks, 0.0) > 1.0 {
+        let everyone = self.platform.time_share(self.node_ranks, 0.0);
+        if everyone > 1.0 {
             pipeline = self.simulate_sharing_cores(&mut stages);
             for s in &mut stages {
                 // The waits stay as they are: the cores serve other ranks meanwhile.
                 s.a2a_s *= shared;
                 s.grad_reduce_s = (s.grad_reduce_s - s.replicas_wait_s) * shared + s.replicas_wait_s;
+                // Every rank clips and steps its optimizer at the end of the step, none idle.
+                s.optimizer_s *= everyone;
             }
         }
         let tail = crate::limits::max_or_zero(stages.iter().map(|s| s.grad_reduce_s + s.optimizer_s));
@@ -494,7 +497,8 @@ mod tests {
 
     /// Four ranks on a node of two cores: time sharing stretches what the ranks compute by the share,
     /// not what they wait — the expert-parallel path beyond the fused experts and the replicas' wait for
-    /// the slowest — and with a core per rank nothing is stretched.
+    /// the slowest — and the optimizer step, which every rank runs at once, by the share of all ranks
+    /// busy; with a core per rank nothing is stretched.
     #[test]
     fn time_sharing_stretches_the_compute_and_not_the_waits() {
         let spec = preset("tiny").unwrap();
@@ -527,18 +531,21 @@ mod tests {
             let shared = model.predict(&split).stages.remove(0);
             let share = platform.time_share(4, 0.0);
             let busy = alone.forward_s + alone.backward_s;
-            let (want_busy, want_reduce) = if cores == 2 {
+            let (want_busy, want_reduce, want_optimizer) = if cores == 2 {
                 assert!(share > 2.0, "{share}");
                 (
                     (busy - alone.wait_s) * share + alone.wait_s,
                     (alone.grad_reduce_s - alone.replicas_wait_s) * share + alone.replicas_wait_s,
+                    alone.optimizer_s * share,
                 )
             } else {
                 assert_eq!(share, 1.0);
-                (busy, alone.grad_reduce_s)
+                (busy, alone.grad_reduce_s, alone.optimizer_s)
             };
+            assert!(alone.optimizer_s > 0.0, "{alone:?}");
             assert!(close(shared.forward_s + shared.backward_s, want_busy), "{cores} cores: {shared:?}");
             assert!(close(shared.grad_reduce_s, want_reduce), "{cores} cores: {shared:?}");
+            assert!(close(shared.optimizer_s, want_optimizer), "{cores} cores: {shared:?}");
         }
     }
 
