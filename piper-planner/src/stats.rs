@@ -13,9 +13,15 @@ pub fn median(values: &[f64]) -> Option<f64> {
     Some(if v.len() % 2 == 1 { v[mid] } else { 0.5 * (v[mid - 1] + v[mid]) })
 }
 
+/// [`median`] for a figure that reports rather than decides: NaN where there is none, so that it reads
+/// as missing (and a platform or summary field that must be a number refuses it) instead of as 0.
+pub fn median_or_nan(values: &[f64]) -> f64 {
+    median(values).unwrap_or(f64::NAN)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::median;
+    use super::{median, median_or_nan};
 
     #[test]
     fn the_middle_value_or_the_mean_of_the_middle_two() {
@@ -31,5 +37,7 @@ mod tests {
         // Sorted by total order the NaN would sit at the end and the median would read 2.0.
         assert_eq!(median(&[1.0, 2.0, f64::NAN]), None);
         assert_eq!(median(&[1.0, -f64::NAN, 2.0]), None);
+        assert!(median_or_nan(&[]).is_nan() && median_or_nan(&[2.0, f64::NAN, 1.0]).is_nan());
+        assert_eq!(median_or_nan(&[2.0, 1.0]), 1.5);
     }
 }

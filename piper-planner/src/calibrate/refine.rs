@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::history::HistoryRecord;
 use crate::planner::price;
 use crate::platform::{Platform, Refinement};
-use crate::stats;
+use crate::stats::median_or_nan;
 
 use super::steal::STEAL_WARN;
 
@@ -134,15 +134,12 @@ fn price_again(base: &Platform, r: &HistoryRecord) -> std::result::Result<Priced
     })
 }
 
-/// The median of `v`, NaN for none: `refine` prices only runs with positive steps and peaks, and a NaN
-/// that got through fails the refined platform's validation.
-fn median(v: Vec<f64>) -> f64 {
-    stats::median(&v).unwrap_or(f64::NAN)
-}
-
 /// The geometric median of measured ÷ predicted, step time and memory apart (robust to one slow run).
 fn fit(runs: &[Priced]) -> Refinement {
-    let scale = |ratio: fn(&Priced) -> f64| median(runs.iter().map(|p| ratio(p).ln()).collect()).exp();
+    // Only runs with positive steps and peaks are priced; a NaN that got through fails the refined
+    // platform's validation.
+    let scale =
+        |ratio: fn(&Priced) -> f64| median_or_nan(&runs.iter().map(|p| ratio(p).ln()).collect::<Vec<_>>()).exp();
     Refinement {
         time_scale: scale(|p| p.measured_step_s / p.predicted_step_s),
         memory_scale: scale(|p| p.measured_peak_bytes / p.predicted_peak_bytes),
@@ -154,9 +151,14 @@ fn fit(runs: &[Priced]) -> Refinement {
 fn errors(runs: &[Priced], r: &Refinement) -> Errors {
     let err = |predicted: f64, measured: f64| ((predicted - measured) / measured).abs();
     Errors {
-        step: median(runs.iter().map(|p| err(r.time_scale * p.predicted_step_s, p.measured_step_s)).collect()),
-        memory: median(
-            runs.iter().map(|p| err(r.memory_scale * p.predicted_peak_bytes, p.measured_peak_bytes)).collect(),
+        step: median_or_nan(
+            &runs.iter().map(|p| err(r.time_scale * p.predicted_step_s, p.measured_step_s)).collect::<Vec<_>>(),
+        ),
+        memory: median_or_nan(
+            &runs
+                .iter()
+                .map(|p| err(r.memory_scale * p.predicted_peak_bytes, p.measured_peak_bytes))
+                .collect::<Vec<_>>(),
         ),
     }
 }

@@ -14,7 +14,7 @@ use crate::model::resolve_model;
 use crate::planner::{PlanCandidate, PlanRequest, plan};
 use crate::platform::Platform;
 use crate::run_plan::{RunPlan, runtime_refusal};
-use crate::stats::median;
+use crate::stats::median_or_nan;
 
 /// What to validate.
 #[derive(Clone, Debug)]
@@ -168,7 +168,7 @@ fn measured(summary: &Path) -> Result<(f64, f64)> {
 fn compare(c: &PlanCandidate, rounds: &[(f64, f64)]) -> Checked {
     let steps: Vec<f64> = rounds.iter().map(|r| r.0).collect();
     // Every round's step and peak are positive numbers (`RunSummary::read` refuses others).
-    let step = median(&steps).unwrap_or(f64::NAN);
+    let step = median_or_nan(&steps);
     let (lo, hi) = steps.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), t| (lo.min(*t), hi.max(*t)));
     Checked {
         pp: c.pp,
@@ -181,7 +181,7 @@ fn compare(c: &PlanCandidate, rounds: &[(f64, f64)]) -> Checked {
         measured_step_s: step,
         spread: (hi - lo) / step,
         predicted_peak_bytes: c.peak_memory_bytes,
-        measured_peak_bytes: median(&rounds.iter().map(|r| r.1).collect::<Vec<_>>()).unwrap_or(f64::NAN),
+        measured_peak_bytes: median_or_nan(&rounds.iter().map(|r| r.1).collect::<Vec<_>>()),
     }
 }
 

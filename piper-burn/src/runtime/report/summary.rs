@@ -66,10 +66,9 @@ pub struct RunSummary {
     pub steal_share: Option<f64>,
 }
 
-/// The median of a steady-state column, NaN for none (or for a NaN in it): a summary field that has no
-/// median reads as missing, not as a number.
+/// The median of a steady-state column, NaN for none (or for a NaN in it).
 fn median(v: Vec<f64>) -> f64 {
-    piper_planner::stats::median(&v).unwrap_or(f64::NAN)
+    piper_planner::stats::median_or_nan(&v)
 }
 
 impl RunSummary {
