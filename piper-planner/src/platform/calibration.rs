@@ -64,6 +64,42 @@ impl MemoryFit {
             + self.activation_working_factor * a
             + self.logits_working_factor * l
     }
+
+    /// This fit with its activation and logits factors split into a held and a working part in
+    /// `like`'s proportions: for a fit whose runs all held one micro-batch at a time, so that each of its
+    /// factors lumps the two. What autodiff keeps per micro-batch and what a backward holds while it
+    /// runs are the same tensors whatever threads compute them, so a thread count measured one
+    /// micro-batch at a time borrows the split from the runs that held several. Where `like` did not
+    /// tell them apart either, its factors are unchanged.
+    pub fn split_like(self, like: &MemoryFit) -> MemoryFit {
+        let split = |lumped: f64, held: f64, working: f64| {
+            if held + working > 0.0 {
+                (lumped * held / (held + working), lumped * working / (held + working))
+            } else {
+                (lumped, 0.0)
+            }
+        };
+        let (a, aw) = split(
+            self.activation_factor + self.activation_working_factor,
+            like.activation_factor,
+            like.activation_working_factor,
+        );
+        let (l, lw) =
+            split(self.logits_factor + self.logits_working_factor, like.logits_factor, like.logits_working_factor);
+        MemoryFit {
+            activation_factor: a,
+            activation_working_factor: aw,
+            logits_factor: l,
+            logits_working_factor: lw,
+            ..self
+        }
+    }
+}
+
+/// Whether some of the runs held several micro-batches at once (so that a fit over them tells what
+/// each held micro-batch keeps from what a backward holds only while it runs).
+fn held_several(points: &[MemoryPoint]) -> bool {
+    points.iter().any(|p| p.in_flight > 1.0)
 }
 
 /// What the expert-parallel ranks of `runs` held beyond what `fit` prices for them (each point the
@@ -124,7 +160,9 @@ pub fn fit_memory(points: &[MemoryPoint]) -> Result<MemoryFit> {
 /// ranks sharing `cores` cores), the runtime's compute costs per thread count (`threads`, from
 /// `piper_burn::calibrate::measure_threads`) and the memory fitted from `runs` (each with the threads
 /// of the rank that measured it): the top-level memory from the runs on every core, each other thread
-/// count's from its own runs where it has them, and each thread count's expert-exchange overhead from
+/// count's from its own runs where it has them (split into held and working parts as the top level's
+/// where its runs held one micro-batch at a time, [`MemoryFit::split_like`]), and each thread count's
+/// expert-exchange overhead from
 /// its expert-parallel runs (`exchange`, [`expert_exchange_bytes`]). The peak becomes per core; the
 /// top-level tables are those of one thread; `ranks_per_node` ranks share the node's memory; the
 /// runtime trains in fp32. Errors name what is missing or off.
@@ -146,7 +184,11 @@ pub fn with_runtime(
     let fit = fit_memory(&of(runs, cores))?;
     for costs in threads.iter_mut().filter(|c| c.threads < cores) {
         let points = of(runs, costs.threads);
-        let own = if points.is_empty() { None } else { Some(fit_memory(&points)?) };
+        let own = match points.is_empty() {
+            true => None,
+            false if held_several(&points) => Some(fit_memory(&points)?),
+            false => Some(fit_memory(&points)?.split_like(&fit)),
+        };
         if let Some(own) = own {
             costs.runtime = RuntimeCosts {
                 bytes_per_param: own.bytes_per_param,
@@ -459,6 +501,51 @@ mod tests {
         let same = vec![points[0]; 6];
         assert!(fit_memory(&same).unwrap_err().to_string().contains("independently"));
         assert!(fit_memory(&points[..5]).is_err());
+    }
+
+    /// A thread count whose runs held one micro-batch at a time keeps what its runs measured (the sum
+    /// of the held and the working part) and takes the split from the runs on every core, which held
+    /// several: without it, a schedule holding four micro-batches is priced as four whole backwards.
+    #[test]
+    fn a_thread_count_measured_one_micro_batch_at_a_time_borrows_the_split() {
+        let local = crate::platform::preset("local").unwrap();
+        let costs = |threads: u64| ThreadCosts {
+            threads,
+            attention_efficiency: local.attention_efficiency.clone(),
+            gemm_efficiency: local.gemm_efficiency.clone(),
+            experts_efficiency: vec![],
+            runtime: RuntimeCosts::distinct_for_tests(),
+            step: None,
+            framework_overhead_gib: None,
+        };
+        // Every core: held 0.5 and working 0.5 of the activations, 1.5 and 0.5 of the logits.
+        let every_core =
+            |p: f64, a: f64, l: f64, n: f64| 1.2e8 + 21.0 * p + n * (0.5 * a + 1.5 * l) + 0.5 * a + 0.5 * l;
+        // One thread: the same tensors, 20% more of each, measured one micro-batch at a time only.
+        let one_thread =
+            |p: f64, a: f64, l: f64, n: f64| 6e7 + 17.0 * p + 1.2 * (n * (0.5 * a + 1.5 * l) + 0.5 * a + 0.5 * l);
+        let runs: Vec<(u64, MemoryPoint)> = SHAPES
+            .iter()
+            .map(|s| (2, point(s, every_core)))
+            .chain(SHAPES.iter().map(|s| (1, point(&(s.0, s.1, s.2, 1.0), one_thread))))
+            .collect();
+        let p = with_runtime(local.clone(), 2, 4, vec![costs(1), costs(2)], &runs, &[]).unwrap();
+        let close = |x: f64, y: f64| (x / y - 1.0).abs() < 1e-9;
+        let r = p.threads[0].runtime;
+        assert!(close(r.bytes_per_param, 17.0), "{r:?}");
+        assert!(close(r.activation_factor, 0.6) && close(r.activation_working_factor, 0.6), "{r:?}");
+        assert!(close(r.logits_factor, 1.8) && close(r.logits_working_factor, 0.6), "{r:?}");
+        // Four micro-batches held on one thread: the truth, not four lumped factors.
+        let held4 = point(&(2e6, 3e7, 1e7, 4.0), one_thread);
+        let fit = MemoryFit {
+            base_bytes: p.threads[0].framework_overhead_gib.unwrap() * GIB,
+            bytes_per_param: r.bytes_per_param,
+            activation_factor: r.activation_factor,
+            logits_factor: r.logits_factor,
+            activation_working_factor: r.activation_working_factor,
+            logits_working_factor: r.logits_working_factor,
+        };
+        assert!(close(fit.peak_bytes(&held4), held4.peak_rss_bytes), "{fit:?}");
     }
 
     /// A measurement below what the rest implies cannot drive a coefficient negative: the fit keeps
