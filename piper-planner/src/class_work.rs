@@ -18,6 +18,8 @@ pub struct LayerTables {
     pub linear_s: f64,
     /// Routed experts at the tokens per local expert of an expert group of `ep`.
     pub experts_s: f64,
+    /// The same at the peak rate (their FLOPs ÷ peak).
+    pub experts_peak_s: f64,
     /// The attention core.
     pub attention_s: f64,
     /// Of `linear_s`: the shared experts.
@@ -54,6 +56,7 @@ pub fn layer_tables(
         experts_s: 0.0,
         attention_s: core_flops * t / (peak * platform.attention_efficiency(cfg.seq_len)),
         shared_s: 0.0,
+        experts_peak_s: 0.0,
     };
     match (kind, &spec.moe) {
         (LayerKind::Moe, Some(moe)) => {
@@ -62,6 +65,7 @@ pub fn layer_tables(
             let (flops, f) = (copies * mlp_forward_flops(d, &moe.expert), moe.expert.intermediate_size);
             out.experts_s =
                 if flops > 0.0 { flops / (peak * platform.experts_efficiency(per_expert, f, d)) } else { 0.0 };
+            out.experts_peak_s = flops / peak;
             let shared = moe.shared_expert();
             out.shared_s =
                 gemm(t * moe.num_shared_experts as f64 * mlp_forward_flops(d, &shared), t, shared.intermediate_size, d);
@@ -116,6 +120,7 @@ pub fn class_work(spec: &ModelSpec, platform: &Platform, cfg: &TrainConfig, ep: 
         let l = layer_tables(spec, platform, cfg, ep, kind)?;
         w.linear_table_s += 3.0 * l.linear_s;
         w.experts_table_s += 3.0 * l.experts_s;
+        w.experts_peak_s += 3.0 * l.experts_peak_s;
         w.attention_table_s += 3.0 * l.attention_s;
         w.layer_token_dims += t * spec.hidden_size as f64;
         w.routed_token_experts += routed_token_experts(spec, t, kind);
@@ -166,6 +171,7 @@ mod tests {
         let sc = StepCosts {
             linear: 1.1,
             experts: 0.9,
+            experts_peak: 0.3,
             attention: 1.4,
             exchange_experts: 0.6,
             exchange_ns: 5.0,
@@ -200,6 +206,7 @@ mod tests {
         let sc = |replica_sync| StepCosts {
             linear: 1.0,
             experts: 1.0,
+            experts_peak: 0.0,
             attention: 1.0,
             exchange_experts: 0.0,
             exchange_ns: 0.0,

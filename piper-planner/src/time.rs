@@ -193,6 +193,7 @@ impl<'a> CostModel<'a> {
                     let work = ClassWork {
                         linear_table_s: 3.0 * tables.linear_s,
                         experts_table_s: 3.0 * tables.experts_s,
+                        experts_peak_s: 3.0 * tables.experts_peak_s,
                         attention_table_s: 3.0 * tables.attention_s,
                         layer_token_dims: t * d as f64,
                         routed_token_experts: routed_token_experts(spec, t, kind),
@@ -483,6 +484,7 @@ mod tests {
         StepCosts {
             linear: 1.0,
             experts: 1.0,
+            experts_peak: 0.0,
             exchange_experts,
             exchange_ns: 0.0,
             attention: 1.0,

@@ -349,7 +349,12 @@ pub fn fit_error(costs: &StepCosts, runs: &[StepRun]) -> f64 {
         let w = &r.work;
         let priced = [
             (WorkClass::Linear, costs.linear * w.linear_table_s + 1e-6 * per_layer.linear * w.layers),
-            (WorkClass::Experts, costs.experts * w.experts_table_s + 1e-6 * per_layer.experts * w.layers),
+            (
+                WorkClass::Experts,
+                costs.experts * w.experts_table_s
+                    + costs.experts_peak * w.experts_peak_s
+                    + 1e-6 * per_layer.experts * w.layers,
+            ),
             (WorkClass::Attention, costs.attention * w.attention_table_s + 1e-6 * per_layer.attention * w.layers),
         ];
         for (class, p) in priced {

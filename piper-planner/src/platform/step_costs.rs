@@ -60,6 +60,10 @@ impl WorkClass {
 pub struct ClassWork {
     pub linear_table_s: f64,
     pub experts_table_s: f64,
+    /// The routed experts' seconds at the peak rate (their FLOPs ÷ peak, whatever the tokens per
+    /// expert): beside the tables' seconds, the part of their time that follows the FLOPs alone.
+    #[serde(default)]
+    pub experts_peak_s: f64,
     pub attention_table_s: f64,
     pub layer_token_dims: f64,
     /// Tokens × routed experts, summed over the MoE layers (routing: scores, selection, their gradient).
@@ -83,8 +87,14 @@ pub struct ClassWork {
 pub struct StepCosts {
     /// Measured ÷ table time of the non-expert GEMMs.
     pub linear: f64,
-    /// Measured ÷ table time of the routed experts.
+    /// Measured ÷ table time of the routed experts…
     pub experts: f64,
+    /// …plus measured ÷ peak-rate time: the runtime's grouped experts keep a steadier rate across
+    /// tokens per expert than the micro-benchmarked tables say (on an Intel Xeon family 6 model 167,
+    /// 136–200 GFLOP/s from 63 to 1016 tokens per expert where the tables' efficiency doubles), so
+    /// their time is fitted on both. 0: tables alone.
+    #[serde(default)]
+    pub experts_peak: f64,
     /// Expert parallelism runs dispatch → all-to-all → grouped experts → all-to-all → combine instead
     /// of one fused op. What that path costs beyond the other classes and the links' all-to-all time is
     /// `exchange_experts` more seconds per table second of the experts (the unfused grouped GEMMs)…
@@ -142,6 +152,7 @@ impl StepCosts {
         let values = [
             ("linear", self.linear, 1e3),
             ("experts", self.experts, 1e3),
+            ("experts_peak", self.experts_peak, 1e3),
             ("exchange_experts", self.exchange_experts, 1e3),
             ("exchange_ns", self.exchange_ns, 1e6),
             ("attention", self.attention, 1e3),
@@ -167,6 +178,7 @@ impl StepCosts {
         let experts = if ep > 1 { self.experts + self.exchange_experts } else { self.experts };
         self.linear * w.linear_table_s
             + experts * w.experts_table_s
+            + self.experts_peak * w.experts_peak_s
             + self.attention * w.attention_table_s
             + 1e-9
                 * (self.layer_ns * w.layer_token_dims
@@ -219,7 +231,12 @@ pub fn fit_step_costs(runs: &[StepRun], exchange_runs: &[StepRun]) -> Result<Ste
     };
     let profile_moe = "the runs have none of this work; profile runs of MoE models";
     let linear = fit(WorkClass::Linear, |w| vec![w.linear_table_s, 1e-6 * w.layers], "linear", profile_moe)?;
-    let experts = fit(WorkClass::Experts, |w| vec![w.experts_table_s, 1e-6 * w.layers], "experts", profile_moe)?;
+    let experts = fit(
+        WorkClass::Experts,
+        |w| vec![w.experts_table_s, 1e-6 * w.layers, w.experts_peak_s],
+        "experts",
+        profile_moe,
+    )?;
     let attention =
         fit(WorkClass::Attention, |w| vec![w.attention_table_s, 1e-6 * w.layers], "attention", profile_moe)?;
     let layer = fit(
@@ -233,6 +250,7 @@ pub fn fit_step_costs(runs: &[StepRun], exchange_runs: &[StepRun]) -> Result<Ste
     let fitted = StepCosts {
         linear: linear[0],
         experts: experts[0],
+        experts_peak: experts[2],
         exchange_experts: 0.0,
         exchange_ns: 0.0,
         attention: attention[0],
@@ -303,6 +321,7 @@ mod tests {
         let truth = StepCosts {
             linear: 1.3,
             experts: 0.8,
+            experts_peak: 0.4,
             exchange_experts: 0.5,
             exchange_ns: 7.0,
             attention: 2.0,
@@ -318,6 +337,8 @@ mod tests {
             let work = ClassWork {
                 linear_table_s: 0.01 * scale,
                 experts_table_s: 0.02 * scale,
+                // Tokens per expert that do not follow the work: the tables' efficiency differs.
+                experts_peak_s: 0.005 * scale * [1.0, 2.5, 1.6, 0.7][(scale as usize) % 4],
                 attention_table_s: 0.003 * scale,
                 layer_token_dims: 1e6 * scale,
                 routed_token_experts: 1e4 * scale * experts,
@@ -332,7 +353,12 @@ mod tests {
             let measured = vec![
                 (WorkClass::Linear, truth.linear * work.linear_table_s * 0.5),
                 (WorkClass::Linear, truth.linear * work.linear_table_s * 0.5 + fixed.linear * us),
-                (WorkClass::Experts, truth.experts * work.experts_table_s + fixed.experts * us),
+                (
+                    WorkClass::Experts,
+                    truth.experts * work.experts_table_s
+                        + truth.experts_peak * work.experts_peak_s
+                        + fixed.experts * us,
+                ),
                 (WorkClass::Attention, truth.attention * work.attention_table_s + fixed.attention * us),
                 (WorkClass::Layer, 1e-9 * truth.layer_ns * work.layer_token_dims + fixed.layer * us),
                 (WorkClass::Layer, 1e-9 * truth.routing_ns * work.routed_token_experts),
@@ -350,6 +376,7 @@ mod tests {
             r.work.exchange_link_s = 0.004;
             r.work.exchange_token_dims = token_dims;
             let path_s = (truth.experts + truth.exchange_experts) * r.work.experts_table_s
+                + truth.experts_peak * r.work.experts_peak_s
                 + 1e-9 * truth.exchange_ns * token_dims
                 + r.work.exchange_link_s;
             r.measured.retain(|(c, _)| *c != WorkClass::Experts);
@@ -365,6 +392,7 @@ mod tests {
         let w = exchange(2.0, 4e6).work;
         assert!(close(fit.compute_s(&w, 2) - fit.compute_s(&w, 1), 0.5 * w.experts_table_s + 7e-9 * 4e6));
         assert!(close(fit.linear, 1.3) && close(fit.experts, 0.8) && close(fit.attention, 2.0), "{fit:?}");
+        assert!(close(fit.experts_peak, 0.4), "{fit:?}");
         assert!(close(fit.layer_ns, 4.0) && close(fit.routing_ns, 6.0), "{fit:?}");
         assert!(close(fit.cross_entropy_ns, 9.0) && close(fit.optimizer_ns, 3.0));
         let f = fit.per_layer_us;
