@@ -96,8 +96,9 @@ pub fn run(a: Args) -> Result<String, CalibrateError> {
     ) + &per_thread_count(&platform))
 }
 
-/// A line per thread count the calibration measured: its op overhead, the memory it holds beyond the
-/// model (its own fit, or the every-core fit standing in) and the expert-exchange term.
+/// A line per thread count the calibration measured: its op overhead, what its routed experts cost
+/// (measured ÷ table seconds, ÷ seconds at the peak rate), the memory it holds beyond the model (its
+/// own fit, or the every-core fit standing in) and the expert-exchange term.
 fn per_thread_count(platform: &piper_planner::platform::Platform) -> String {
     let every_core = platform.framework_overhead_gib;
     platform
@@ -108,8 +109,12 @@ fn per_thread_count(platform: &piper_planner::platform::Platform) -> String {
                 Some(gib) => (gib, "its own runs"),
                 None => (every_core, "the every-core fit"),
             };
+            let experts = t.step.map_or_else(
+                || "not measured".to_string(),
+                |s| format!("×{:.2} of the table + ×{:.2} at the peak rate", s.experts, s.experts_peak),
+            );
             format!(
-                "  {} thread(s) per rank: op {:.2} µs; fixed memory {:.3} GiB ({whose}); expert exchange {:.1} MiB\n",
+                "  {} thread(s) per rank: op {:.2} µs; routed experts {experts}; fixed memory {:.3} GiB ({whose}); expert exchange {:.1} MiB\n",
                 t.threads,
                 t.runtime.op_overhead_us,
                 fixed,
