@@ -13,6 +13,7 @@ use crate::layout::{Recompute, Schedule, TrainConfig};
 use crate::model::resolve_model;
 use crate::planner::{PlanCandidate, PlanRequest, plan};
 use crate::platform::Platform;
+use crate::platform::step_costs::WorkClass;
 use crate::run_plan::{RunPlan, runtime_refusal};
 use crate::stats::median_or_nan;
 
@@ -67,6 +68,19 @@ pub struct Validation {
     pub rank_correlation: f64,
     /// CPU time other guests of the host took during the runs ([`super::steal`]); `None` off Linux.
     pub steal_share: Option<f64>,
+    /// Where one rank's step goes, class by class: a profiled run of the first choice's micro-batch on
+    /// one rank holding the whole model, priced with the step costs of a rank on every core (empty
+    /// where the platform has no step costs).
+    pub classes: Vec<ClassCheck>,
+}
+
+/// One class of work of a profiled one-rank step: the seconds the model prices and the seconds the
+/// runtime booked to it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClassCheck {
+    pub class: WorkClass,
+    pub predicted_s: f64,
+    pub measured_s: f64,
 }
 
 /// Plans, runs and compares; `say` hears each run as it starts.
@@ -106,11 +120,55 @@ pub fn validate(s: &ValidateSettings, platform: &Platform, say: &mut dyn FnMut(&
         }
     }
     let checked: Vec<Checked> = plans.iter().zip(&summaries).map(|(c, m)| compare(c, m)).collect();
+    let classes = check_classes(s, platform, &w, plans[0].micro_batch_size, say)?;
     let steal_share = steal.share();
     if let Some(share) = steal_share {
         say(&super::steal::report(share, "the runs"));
     }
-    Ok(Validation { steal_share, ..summarise(s, platform, checked) })
+    Ok(Validation { steal_share, classes, ..summarise(s, platform, checked) })
+}
+
+/// One rank holding the whole model trains `sequences` sequences a step with `--profile`; each class's
+/// booked seconds per step against what the platform's step costs price for that rank (all the node's
+/// cores). Nothing where the platform has no step costs.
+fn check_classes(
+    s: &ValidateSettings,
+    platform: &Platform,
+    w: &Workers,
+    sequences: u64,
+    say: &mut dyn FnMut(&str),
+) -> Result<Vec<ClassCheck>> {
+    let seen = platform.for_node_ranks(1);
+    let Some(costs) = seen.step_costs else { return Ok(Vec::new()) };
+    say(&format!("profiled run: one rank, {sequences} sequence(s) a step"));
+    let summary = s.work.join("summary-classes.json");
+    let flags = [
+        ("--preset", s.model.clone()),
+        ("--batch-size", sequences.to_string()),
+        ("--seq-len", s.base.seq_len.to_string()),
+        ("--steps", s.steps.to_string()),
+        ("--warmup", "2".into()),
+        ("--migration", "off".into()),
+        ("--log-every", "0".into()),
+        ("--history", "off".into()),
+        ("--summary", summary.display().to_string()),
+    ];
+    let mut args: Vec<String> = flags.into_iter().flat_map(|(k, v)| [k.to_string(), v]).collect();
+    args.extend(["--profile".to_string(), "--no-progress".to_string()]);
+    let what = "the profiled one-rank run".to_string();
+    super::workers::run_at_once(vec![w.under_mpirun(what, 1, &w.trainer, args)], &s.work)?;
+    let read = super::fit::RunSummary::read(&summary)?;
+    let spec = resolve_model(&s.model)?;
+    let cfg = TrainConfig { micro_batch_size: sequences, num_micro_batches: 1, ..s.base.clone() };
+    let work = crate::class_work::class_work(&spec, &seen, &cfg, 1)?;
+    costs
+        .class_seconds(&work)
+        .into_iter()
+        .map(|(class, predicted_s)| {
+            let measured_s = read.profile_seconds(|phase, op| WorkClass::of(phase, op) == Some(class))?;
+            Ok(ClassCheck { class, predicted_s, measured_s })
+        })
+        .collect()
 }
 
 /// The best runnable plans (no recomputation, the runtime's dtype, flat all-to-all), one per layout,
@@ -197,6 +255,7 @@ fn summarise(s: &ValidateSettings, platform: &Platform, plans: Vec<Checked>) -> 
         regret: measured[0] / fastest - 1.0,
         rank_correlation: spearman(&predicted, &measured),
         steal_share: None,
+        classes: Vec::new(),
         plans,
     }
 }

@@ -343,21 +343,10 @@ fn fit_thread_count(platform: &Platform, i: usize, runs: &[ProfiledRun]) -> Resu
 /// attention core) of log(priced ÷ booked) forward + backward seconds: how well `costs` price the
 /// runs' shapes one by one. A class a run books nothing for is left out.
 pub fn fit_error(costs: &StepCosts, runs: &[StepRun]) -> f64 {
-    let per_layer = costs.per_layer_us;
+    let gemm_like = [WorkClass::Linear, WorkClass::Experts, WorkClass::Attention];
     let mut logs = Vec::new();
     for r in runs {
-        let w = &r.work;
-        let priced = [
-            (WorkClass::Linear, costs.linear * w.linear_table_s + 1e-6 * per_layer.linear * w.layers),
-            (
-                WorkClass::Experts,
-                costs.experts * w.experts_table_s
-                    + costs.experts_peak * w.experts_peak_s
-                    + 1e-6 * per_layer.experts * w.layers,
-            ),
-            (WorkClass::Attention, costs.attention * w.attention_table_s + 1e-6 * per_layer.attention * w.layers),
-        ];
-        for (class, p) in priced {
+        for (class, p) in costs.class_seconds(&r.work).into_iter().filter(|(c, _)| gemm_like.contains(c)) {
             let booked: f64 = r.measured.iter().filter(|(c, _)| *c == class).map(|(_, s)| s).sum();
             if booked > 0.0 && p > 0.0 {
                 logs.push((p / booked).ln().powi(2));

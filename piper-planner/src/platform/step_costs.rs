@@ -188,6 +188,28 @@ impl StepCosts {
             + 1e-6 * self.per_layer_us.forward_backward() * w.layers
     }
 
+    /// Seconds of `work` on one rank holding every expert, class by class (forward + backward; the
+    /// optimizer's per step): what a profiled run's rows of each class are set against.
+    pub fn class_seconds(&self, w: &ClassWork) -> [(WorkClass, f64); 6] {
+        let fixed = |us: f64| 1e-6 * us * w.layers;
+        let pl = self.per_layer_us;
+        [
+            (WorkClass::Linear, self.linear * w.linear_table_s + fixed(pl.linear)),
+            (
+                WorkClass::Experts,
+                self.experts * w.experts_table_s + self.experts_peak * w.experts_peak_s + fixed(pl.experts),
+            ),
+            (WorkClass::Attention, self.attention * w.attention_table_s + fixed(pl.attention)),
+            (
+                WorkClass::Layer,
+                1e-9 * (self.layer_ns * w.layer_token_dims + self.routing_ns * w.routed_token_experts)
+                    + fixed(pl.layer),
+            ),
+            (WorkClass::CrossEntropy, 1e-9 * self.cross_entropy_ns * w.vocab_tokens),
+            (WorkClass::Optimizer, self.optimizer_s(w.params, w.layers)),
+        ]
+    }
+
     /// Optimizer seconds of a step updating `params` parameters of `layers` decoder layers.
     pub fn optimizer_s(&self, params: f64, layers: f64) -> f64 {
         1e-9 * self.optimizer_ns * params + 1e-6 * self.per_layer_us.optimizer * layers
@@ -401,6 +423,11 @@ mod tests {
             assert!(close(got, want), "{f:?}");
         }
         assert!(close(fit.compute_s(&w, 1), truth.compute_s(&w, 1)));
+        // Class by class, the classes of a step add up to its compute and its update.
+        let classes = truth.class_seconds(&w);
+        let compute: f64 = classes.iter().filter(|(c, _)| *c != WorkClass::Optimizer).map(|(_, s)| s).sum();
+        assert!(close(compute, truth.compute_s(&w, 1)), "{classes:?}");
+        assert_eq!(classes[5], (WorkClass::Optimizer, truth.optimizer_s(w.params, w.layers)));
         // The machine 30% slower while the expert-parallel runs ran: set against the fitted one-rank
         // costs, the slowdown reads as exchange cost; against paired fused runs measured at the same
         // speed, the exchange cost comes back.

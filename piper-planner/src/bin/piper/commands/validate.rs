@@ -100,12 +100,34 @@ pub fn run(a: Args) -> Result<String, CalibrateError> {
         ]);
     }
     Ok(format!(
-        "{} on {} rank(s), {} platform, {} round(s):\n{t}\nfirst choice's regret (its measured time ÷ the fastest measured − 1): {:.1}%; rank correlation (Spearman) {:.2}\n",
+        "{} on {} rank(s), {} platform, {} round(s):\n{t}\nfirst choice's regret (its measured time ÷ the fastest measured − 1): {:.1}%; rank correlation (Spearman) {:.2}\n{}",
         v.model,
         v.gpus,
         v.platform,
         v.rounds,
         100.0 * v.regret,
-        v.rank_correlation
+        v.rank_correlation,
+        classes(&v.classes),
     ))
+}
+
+/// Where a profiled one-rank step goes, class by class: predicted / measured ms per step and the error.
+fn classes(checks: &[piper_planner::calibrate::validate::ClassCheck]) -> String {
+    if checks.is_empty() {
+        return String::new();
+    }
+    let cells: Vec<String> = checks
+        .iter()
+        .map(|c| {
+            let error = 100.0 * (c.predicted_s / c.measured_s - 1.0);
+            let error = if error.is_finite() { format!("{error:+.0}%") } else { "n/a".into() };
+            let name =
+                serde_json::to_value(c.class).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+            format!("{name} {:.1} / {:.1} ms ({error})", 1e3 * c.predicted_s, 1e3 * c.measured_s)
+        })
+        .collect();
+    format!(
+        "one rank's step by class, predicted / measured (profiled, the first choice's micro-batch): {}\n",
+        cells.join(", ")
+    )
 }
