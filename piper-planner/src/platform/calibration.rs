@@ -497,13 +497,9 @@ mod tests {
         assert!(fit_memory(&points[..5]).is_err());
     }
 
-    /// A thread count whose runs held one micro-batch at a time keeps what its runs measured (the sum
-    /// of the held and the working part) and takes the split from the runs on every core, which held
-    /// several: without it, a schedule holding four micro-batches is priced as four whole backwards.
-    #[test]
-    fn a_thread_count_measured_one_micro_batch_at_a_time_borrows_the_split() {
-        let local = crate::platform::preset("local").unwrap();
-        let costs = |threads: u64| ThreadCosts {
+    /// A thread count's costs with `local`'s tables and distinct runtime costs, nothing fitted yet.
+    fn thread_costs(local: &Platform, threads: u64) -> ThreadCosts {
+        ThreadCosts {
             threads,
             attention_efficiency: local.attention_efficiency.clone(),
             gemm_efficiency: local.gemm_efficiency.clone(),
@@ -511,7 +507,16 @@ mod tests {
             runtime: RuntimeCosts::distinct_for_tests(),
             step: None,
             framework_overhead_gib: None,
-        };
+        }
+    }
+
+    /// A thread count whose runs held one micro-batch at a time keeps what its runs measured (the sum
+    /// of the held and the working part) and takes the split from the runs on every core, which held
+    /// several: without it, a schedule holding four micro-batches is priced as four whole backwards.
+    #[test]
+    fn a_thread_count_measured_one_micro_batch_at_a_time_borrows_the_split() {
+        let local = crate::platform::preset("local").unwrap();
+        let costs = |threads: u64| thread_costs(&local, threads);
         // Every core: held 0.5 and working 0.5 of the activations, 1.5 and 0.5 of the logits.
         let every_core =
             |p: f64, a: f64, l: f64, n: f64| 1.2e8 + 21.0 * p + n * (0.5 * a + 1.5 * l) + 0.5 * a + 0.5 * l;
@@ -559,15 +564,7 @@ mod tests {
     #[test]
     fn each_thread_count_gets_the_memory_of_its_runs() {
         let local = crate::platform::preset("local").unwrap();
-        let costs = |threads: u64| ThreadCosts {
-            threads,
-            attention_efficiency: local.attention_efficiency.clone(),
-            gemm_efficiency: local.gemm_efficiency.clone(),
-            experts_efficiency: vec![],
-            runtime: RuntimeCosts::distinct_for_tests(),
-            step: None,
-            framework_overhead_gib: None,
-        };
+        let costs = |threads: u64| thread_costs(&local, threads);
         let runs_of = |threads: u64, base: f64, per_param: f64, act: f64| {
             SHAPES.iter().map(move |s| (threads, point(s, |p, a, l, n| base + per_param * p + n * (act * a + 1.5 * l))))
         };
