@@ -5,31 +5,20 @@
 //! less the cost of switching); stretching every op by the mean busy share, as a whole-step model does,
 //! charges the filling and draining too much and the steady phase too little.
 //!
-//! Processor sharing, event by event: at any moment the stages inside an op's compute share the node,
-//! each progressing at `rate(active)` seconds of compute per second ([`simulate_shared`]); an op's waits
-//! (its exchange partners, which run elsewhere) progress at wall speed and leave the cores to the
-//! others, as do the stages waiting for a neighbour's activations or gradients. With `rate ≡ 1` it is
+//! Processor sharing, event by event: at any moment the stages inside an op share the node, each
+//! progressing at `rate(active)` seconds of work per second ([`simulate_shared`]); the stages waiting
+//! for a neighbour's activations or gradients leave the cores to the others. With `rate ≡ 1` it is
 //! [`simulate`](crate::schedule::simulate).
 
 use crate::layout::Schedule;
 use crate::schedule::{Op, Simulation, TimedOp, compute_ops, instructions};
 
-/// One stage's op costs: seconds of compute (at a whole rank's speed) and of waiting per micro-batch.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct StageCost {
-    pub forward_compute_s: f64,
-    pub forward_wait_s: f64,
-    pub backward_compute_s: f64,
-    pub backward_wait_s: f64,
-}
-
-/// An op a stage is running: what is left of its compute, then of its wait.
+/// An op a stage is running: what is left of its work (seconds at a whole rank's speed).
 #[derive(Clone, Copy)]
 struct Running {
     op: Op,
     start_s: f64,
-    compute_s: f64,
-    wait_s: f64,
+    left_s: f64,
 }
 
 /// Where each stage is and what has finished, for the event loop.
@@ -42,23 +31,24 @@ struct State {
     timeline: Vec<Vec<TimedOp>>,
 }
 
-/// Simulates `schedule` with `m` micro-batches on stages that share cores: `rate(k)` is the speed of
-/// each of `k` stages computing at once (1 for `k` at most the stages' own cores). Dependencies as in
+/// Simulates `schedule` with `m` micro-batches on stages that share cores, each stage's forward and
+/// backward taking `fwd_s[s]` and `bwd_s[s]` seconds alone: `rate(k)` is the speed of each of `k`
+/// stages inside an op at once (1 for `k` at most the stages' own cores). Dependencies as in
 /// [`simulate`](crate::schedule::simulate): a forward waits for the previous stage's forward plus
 /// `p2p_s[s − 1]`, a backward for the next stage's backward plus `p2p_s[s]`.
 pub fn simulate_shared(
     schedule: Schedule,
     m: u64,
-    costs: &[StageCost],
+    fwd_s: &[f64],
+    bwd_s: &[f64],
     p2p_s: &[f64],
     rate: &dyn Fn(usize) -> f64,
 ) -> Simulation {
-    let pp = costs.len();
+    let pp = fwd_s.len();
     let lists: Vec<Vec<Op>> = (0..pp).map(|s| compute_ops(&instructions(schedule, s as u64, pp as u64, m))).collect();
     let total: usize = lists.iter().map(Vec::len).sum();
-    let times =
-        costs.iter().flat_map(|c| [c.forward_compute_s, c.forward_wait_s, c.backward_compute_s, c.backward_wait_s]);
-    if times.chain(p2p_s.iter().copied()).any(|t| !t.is_finite()) {
+    let times = fwd_s.iter().chain(&bwd_s[..pp]).chain(p2p_s);
+    if times.copied().any(|t| !t.is_finite()) {
         // A cost that is not a number makes no schedule: the makespan says so instead of a hang.
         return Simulation {
             makespan_s: f64::NAN,
@@ -77,12 +67,11 @@ pub fn simulate_shared(
     };
     let (mut now, mut done) = (0.0f64, 0usize);
     while done < total {
-        start_ready_ops(&mut st, costs, p2p_s, now);
-        let active = st.running.iter().flatten().filter(|r| r.compute_s > 0.0).count();
+        start_ready_ops(&mut st, fwd_s, bwd_s, p2p_s, now);
+        let active = st.running.iter().flatten().count();
         let speed = if active > 0 { rate(active) } else { 1.0 };
-        // The next event: an op's compute or wait ends, or a stage's next op becomes ready.
-        let finish =
-            st.running.iter().flatten().map(|r| if r.compute_s > 0.0 { r.compute_s / speed } else { r.wait_s });
+        // The next event: an op ends, or a stage's next op becomes ready.
+        let finish = st.running.iter().flatten().map(|r| r.left_s / speed);
         let arrivals = (0..pp).filter(|s| st.running[*s].is_none()).filter_map(|s| ready_at(&st, s, p2p_s));
         let dt = finish.chain(arrivals.map(|t| t - now).filter(|dt| *dt > 0.0)).fold(f64::INFINITY, f64::min);
         assert!(dt.is_finite(), "pipeline op lists deadlocked (a schedule bug)");
@@ -105,37 +94,30 @@ fn ready_at(st: &State, s: usize, p2p_s: &[f64]) -> Option<f64> {
 }
 
 /// Starts the next op of every idle stage whose inputs have arrived by `now`.
-fn start_ready_ops(st: &mut State, costs: &[StageCost], p2p_s: &[f64], now: f64) {
-    for (s, c) in costs.iter().enumerate() {
+fn start_ready_ops(st: &mut State, fwd_s: &[f64], bwd_s: &[f64], p2p_s: &[f64], now: f64) {
+    for s in 0..st.running.len() {
         if st.running[s].is_some() || ready_at(st, s, p2p_s).is_none_or(|t| t > now) {
             continue;
         }
         let op = st.lists[s][st.next[s]];
-        let (compute_s, wait_s) = match op {
-            Op::Forward(_) => (c.forward_compute_s, c.forward_wait_s),
-            Op::Backward(_) => (c.backward_compute_s, c.backward_wait_s),
+        let left_s = match op {
+            Op::Forward(_) => fwd_s[s],
+            Op::Backward(_) => bwd_s[s],
         };
-        st.running[s] = Some(Running { op, start_s: now, compute_s, wait_s });
+        st.running[s] = Some(Running { op, start_s: now, left_s });
     }
 }
 
-/// Moves every running op on by `dt` seconds (compute at `speed`, waits at wall speed); records the ops
-/// that end at `now` and returns how many.
+/// Moves every running op on by `dt` seconds at `speed`; records the ops that end at `now` and returns
+/// how many.
 fn advance(st: &mut State, dt: f64, speed: f64, now: f64) -> usize {
     // Round-off between an op's remaining time and the step taken.
     const EPS: f64 = 1e-12;
     let mut ended = 0;
     for s in 0..st.running.len() {
         let Some(r) = st.running[s].as_mut() else { continue };
-        if r.compute_s > 0.0 {
-            r.compute_s -= dt * speed;
-            if r.compute_s <= EPS * (1.0 + now) {
-                r.compute_s = 0.0;
-            }
-        } else {
-            r.wait_s -= dt;
-        }
-        if r.compute_s == 0.0 && r.wait_s <= EPS * (1.0 + now) {
+        r.left_s -= dt * speed;
+        if r.left_s <= EPS * (1.0 + now) {
             let r = st.running[s].take().expect("running");
             match r.op {
                 Op::Forward(i) => st.fwd_done[s][i as usize] = now,
@@ -166,29 +148,17 @@ mod tests {
     use crate::schedule::simulate;
     use proptest::prelude::*;
 
-    fn costs(fwd: &[f64], bwd: &[f64], wait: f64) -> Vec<StageCost> {
-        fwd.iter()
-            .zip(bwd)
-            .map(|(f, b)| StageCost {
-                forward_compute_s: f * (1.0 - wait),
-                forward_wait_s: f * wait,
-                backward_compute_s: b * (1.0 - wait),
-                backward_wait_s: b * wait,
-            })
-            .collect()
-    }
-
     proptest! {
         /// At full speed whatever the sharing, it is the plain simulation.
         #[test]
         fn with_no_sharing_it_is_the_plain_simulation(
-            pp in 1usize..6, m in 1u64..9, gpipe: bool, wait in 0.0f64..0.5,
+            pp in 1usize..6, m in 1u64..9, gpipe: bool,
             fwd in proptest::collection::vec(0.1f64..2.0, 6), bwd in proptest::collection::vec(0.1f64..3.0, 6),
             p2p in proptest::collection::vec(0.0f64..0.3, 6),
         ) {
             let sched = if gpipe { Schedule::GPipe } else { Schedule::OneFOneB };
             let plain = simulate(sched, m, &fwd[..pp], &bwd[..pp], &p2p[..pp]);
-            let shared = simulate_shared(sched, m, &costs(&fwd[..pp], &bwd[..pp], wait), &p2p[..pp], &|_| 1.0);
+            let shared = simulate_shared(sched, m, &fwd[..pp], &bwd[..pp], &p2p[..pp], &|_| 1.0);
             prop_assert!((plain.makespan_s - shared.makespan_s).abs() < 1e-9 * plain.makespan_s.max(1.0));
             for (a, b) in plain.timeline.iter().flatten().zip(shared.timeline.iter().flatten()) {
                 prop_assert_eq!(a.op, b.op);
@@ -197,45 +167,40 @@ mod tests {
         }
     }
 
-    /// One core under a pipeline that never leaves it idle (no waits, no p2p): the makespan is all the
-    /// stages' work, whatever the order.
     #[test]
     fn a_cost_that_is_not_a_number_gives_a_makespan_that_is_not_one() {
-        let c = costs(&[1.0, f64::NAN], &[1.0, 1.0], 0.0);
-        let sim = simulate_shared(Schedule::OneFOneB, 2, &c, &[0.0, 0.0], &|k| 1.0 / k as f64);
+        let sim =
+            simulate_shared(Schedule::OneFOneB, 2, &[1.0, f64::NAN], &[1.0, 1.0], &[0.0, 0.0], &|k| 1.0 / k as f64);
         assert!(sim.makespan_s.is_nan());
     }
 
+    /// One core under a pipeline that never leaves it idle (no p2p): the makespan is all the stages'
+    /// work, whatever the order.
     #[test]
     fn one_core_that_is_never_idle_takes_the_sum_of_the_work() {
         for (sched, pp, m) in [(Schedule::OneFOneB, 2, 8), (Schedule::OneFOneB, 4, 6), (Schedule::GPipe, 3, 5)] {
             let (f, b) = (vec![1.0; pp], vec![2.0; pp]);
-            let sim = simulate_shared(sched, m, &costs(&f, &b, 0.0), &vec![0.0; pp], &|k| 1.0 / k as f64);
+            let sim = simulate_shared(sched, m, &f, &b, &vec![0.0; pp], &|k| 1.0 / k as f64);
             let work = (pp as u64 * m) as f64 * 3.0;
             assert!((sim.makespan_s - work).abs() < 1e-9 * work, "{sched:?} pp={pp}: {} vs {work}", sim.makespan_s);
         }
     }
 
     /// Two stages on one core, traced by hand. GPipe, one micro-batch: never two ops at once, so the
-    /// plain makespan, 4 s. Two micro-batches, stage 1's forwards waiting 1 s after their 1 s of compute:
-    /// F0 on stage 0 alone (0–1); F1 on 0 and F0 on 1 compute together at half speed (1–3); F0 on 1
-    /// waits (3–4) while stage 0 has nothing it may run; F1 on 1 computes alone and waits (4–6); B0 on
-    /// 1 (6–7); B1 on 1 and B0 on 0 together (7–9); B1 on 0 (9–10). Without sharing: 8 s.
+    /// plain makespan, 4 s. Two micro-batches of 1 s ops: F0 on stage 0 alone (0–1); F1 on 0 and F0 on 1
+    /// together at half speed (1–3); F1 on 1 alone (3–4) while stage 0 waits for a gradient; B0 on 1
+    /// (4–5); B1 on 1 and B0 on 0 together (5–7); B1 on 0 (7–8). Without sharing: 6 s.
     #[test]
     fn two_stages_on_one_core_follow_the_hand_trace() {
         let one_core = |k: usize| 1.0 / k as f64;
-        let c = costs(&[1.0, 1.0], &[1.0, 1.0], 0.0);
-        assert_eq!(simulate_shared(Schedule::GPipe, 1, &c, &[0.0, 0.0], &one_core).makespan_s, 4.0);
-        let waiting = vec![
-            StageCost { forward_compute_s: 1.0, forward_wait_s: 0.0, backward_compute_s: 1.0, backward_wait_s: 0.0 },
-            StageCost { forward_compute_s: 1.0, forward_wait_s: 1.0, backward_compute_s: 1.0, backward_wait_s: 0.0 },
-        ];
-        let sim = simulate_shared(Schedule::GPipe, 2, &waiting, &[0.0, 0.0], &one_core);
-        assert!((sim.makespan_s - 10.0).abs() < 1e-9, "{}", sim.makespan_s);
+        let ones = [1.0, 1.0];
+        assert_eq!(simulate_shared(Schedule::GPipe, 1, &ones, &ones, &[0.0, 0.0], &one_core).makespan_s, 4.0);
+        let sim = simulate_shared(Schedule::GPipe, 2, &ones, &ones, &[0.0, 0.0], &one_core);
+        assert!((sim.makespan_s - 8.0).abs() < 1e-9, "{}", sim.makespan_s);
         let ends: Vec<f64> = sim.timeline[1].iter().map(|o| o.end_s).collect();
-        for (got, want) in ends.iter().zip([4.0, 6.0, 7.0, 9.0]) {
+        for (got, want) in ends.iter().zip([3.0, 4.0, 5.0, 7.0]) {
             assert!((got - want).abs() < 1e-9, "stage 1 ends {ends:?}");
         }
-        assert_eq!(simulate(Schedule::GPipe, 2, &[1.0, 2.0], &[1.0, 1.0], &[0.0, 0.0]).makespan_s, 8.0);
+        assert_eq!(simulate(Schedule::GPipe, 2, &ones, &ones, &[0.0, 0.0]).makespan_s, 6.0);
     }
 }
