@@ -40,8 +40,7 @@ if [[ ! -f $platform && -n ${REPRICE:-} ]]; then
     exit 2
 fi
 [[ -f $platform ]] || "$bin/piper" calibrate --out "$platform"
-mpi=(mpirun --oversubscribe --bind-to none)
-if [[ $(id -u) == 0 ]]; then mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none); fi
+source benchmarks/lib.sh
 batch=16
 seq=127
 read -r -a models <<<"${MODELS:-benchmarks/configs/heldout-mixtral.json benchmarks/configs/heldout-qwen3.json benchmarks/configs/heldout2-mixtral.json benchmarks/configs/heldout2-qwen3.json}"

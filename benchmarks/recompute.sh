@@ -24,8 +24,7 @@ cargo build --release --features mpi --example mixtral_train >&2
 bin=$CARGO_TARGET_DIR/release
 platform=${PLATFORM:-benchmarks/results/platforms/local.toml}
 [[ -f $platform ]] || { echo "error: $platform is missing; run piper calibrate --out $platform first" >&2; exit 2; }
-mpi=(mpirun --oversubscribe --bind-to none)
-if [[ $(id -u) == 0 ]]; then mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none); fi
+source benchmarks/lib.sh
 batch=16
 seq=255
 read -r -a models <<<"${MODELS:-benchmarks/configs/heldout3-mixtral.json benchmarks/configs/heldout3-deepseek.json benchmarks/configs/mixtral-mid.json}"

@@ -27,8 +27,7 @@ out=${OUT:-benchmarks/results/refine.json}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cp "${PLATFORM:-benchmarks/results/platforms/local.toml}" "$work/local.toml"
-mpi=(mpirun --oversubscribe --bind-to none)
-if [[ $(id -u) == 0 ]]; then mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none); fi
+source benchmarks/lib.sh
 # ranks pp ep dp micro-batches schedule
 layouts=("1 1 1 1 1 1f1b" "1 1 1 1 2 1f1b" "2 1 2 1 1 1f1b" "2 1 1 2 1 1f1b" "2 2 1 1 2 gpipe" "2 2 1 1 4 1f1b")
 

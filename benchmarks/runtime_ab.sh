@@ -12,8 +12,7 @@ old=$1 new=$2
 rounds=${ROUNDS:-3} steps=${STEPS:-20}
 out=${OUT:-benchmarks/results/runtime-ab.jsonl}
 read -r -a models <<<"${MODELS:-benchmarks/configs/heldout11-qwen3.json benchmarks/configs/heldout11-mixtral.json}"
-mpi=(mpirun --oversubscribe --bind-to none)
-if [[ $(id -u) == 0 ]]; then mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none); fi
+source benchmarks/lib.sh
 # ranks pp ep dp micro-batches schedule
 layouts=("1 1 1 1 1 1f1b" "2 1 1 2 1 1f1b" "2 1 2 1 1 1f1b" "2 2 1 1 4 1f1b" "4 1 4 1 1 1f1b" "4 4 1 1 4 1f1b")
 tmp=$(mktemp -d)

@@ -30,8 +30,7 @@ done
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/piper-target}
 cargo build --release --features mpi --example mixtral_train >&2
 bin=$CARGO_TARGET_DIR/release/examples/mixtral_train
-mpi=(mpirun --oversubscribe --bind-to none)
-if [[ $(id -u) == 0 ]]; then mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none); fi
+source benchmarks/lib.sh
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 : >"$out"
