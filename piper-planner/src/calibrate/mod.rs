@@ -164,7 +164,7 @@ fn train_args(run: &ProfileRun, model: &str, steps: u64, summary: &Path) -> Vec<
         // The calibration's runs are its fit, not history to refine it with.
         ("--history", "off".into()),
     ];
-    flags.into_iter().flat_map(|(k, v)| [k.to_string(), v]).chain(["--no-progress".to_string()]).collect()
+    workers::trainer_args(flags, &[])
 }
 
 /// Profiled runs, and memory points with the threads of the rank that measured each.

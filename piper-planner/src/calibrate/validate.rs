@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::error::{CalibrateError, Result};
-use super::workers::Workers;
+use super::workers::{Workers, trainer_args};
 use crate::layout::{Recompute, Schedule, TrainConfig};
 use crate::model::resolve_model;
 use crate::planner::{PlanCandidate, PlanRequest, plan};
@@ -113,7 +113,7 @@ pub fn validate(s: &ValidateSettings, platform: &Platform, say: &mut dyn FnMut(&
                 c.schedule.name()
             ));
             let summary = s.work.join(format!("summary-{i}-{round}.json"));
-            let args = trainer_args(s, &files[i], &summary);
+            let args = plan_run_args(s, &files[i], &summary);
             let what = format!("the run of plan {} ({} ranks)", i + 1, s.gpus);
             super::workers::run_at_once(vec![w.under_mpirun(what, s.gpus, &w.trainer, args)], &s.work)?;
             summaries[i].push(measured(&summary)?);
@@ -158,8 +158,7 @@ fn check_classes(
         ("--history", "off".into()),
         ("--summary", summary.display().to_string()),
     ];
-    let mut args: Vec<String> = flags.into_iter().flat_map(|(k, v)| [k.to_string(), v]).collect();
-    args.extend(["--profile".to_string(), "--no-progress".to_string()]);
+    let args = trainer_args(flags, &["--profile"]);
     let what = "the profiled one-rank run".to_string();
     super::workers::run_at_once(vec![w.under_mpirun(what, 1, &w.trainer, args)], &s.work)?;
     let read = super::fit::RunSummary::read(&summary)?;
@@ -209,7 +208,8 @@ fn runnable_plans(s: &ValidateSettings, platform: &Platform) -> Result<Vec<PlanC
     Ok(plans)
 }
 
-fn trainer_args(s: &ValidateSettings, plan: &Path, summary: &Path) -> Vec<String> {
+/// The trainer's flags for a short run of the plan in `plan` writing `summary`.
+fn plan_run_args(s: &ValidateSettings, plan: &Path, summary: &Path) -> Vec<String> {
     let flags = [
         ("--plan", plan.display().to_string()),
         ("--preset", s.model.clone()),
@@ -219,7 +219,7 @@ fn trainer_args(s: &ValidateSettings, plan: &Path, summary: &Path) -> Vec<String
         ("--log-every", "0".into()),
         ("--summary", summary.display().to_string()),
     ];
-    flags.into_iter().flat_map(|(k, v)| [k.to_string(), v]).chain(["--no-progress".to_string()]).collect()
+    trainer_args(flags, &[])
 }
 
 /// A run's median step time and its largest rank's peak RSS.

@@ -19,6 +19,13 @@ pub struct Workers {
     mpirun: Vec<String>,
 }
 
+/// The trainer's command line for a measurement run: each `(flag, value)` of `flags`, then
+/// `--no-progress` (its output goes to a log) and `switches`.
+pub fn trainer_args<'a>(flags: impl IntoIterator<Item = (&'a str, String)>, switches: &[&str]) -> Vec<String> {
+    let pairs = flags.into_iter().flat_map(|(flag, value)| [flag.to_string(), value]);
+    pairs.chain(["--no-progress"].iter().chain(switches).map(|s| s.to_string())).collect()
+}
+
 /// A process to start: its program, arguments and extra environment, and what it is for (for errors).
 pub struct Job {
     pub what: String,
@@ -118,6 +125,13 @@ fn tail(log: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_measurement_run_takes_its_flags_then_no_progress_then_its_switches() {
+        let args = trainer_args([("--steps", "8".to_string()), ("--summary", "s.json".into())], &["--profile"]);
+        assert_eq!(args, ["--steps", "8", "--summary", "s.json", "--no-progress", "--profile"]);
+        assert_eq!(trainer_args([], &[]), ["--no-progress"]);
+    }
 
     #[test]
     fn a_missing_worker_names_the_build_command() {
