@@ -91,17 +91,25 @@ fn calibrate_writes_a_platform_the_planner_prices_with() {
         }
     }
     assert!(v["regret"].as_f64().is_some_and(|r| r >= 0.0), "{v}");
-    // A profiled one-rank step, class by class: every class priced and booked, the GEMMs and the
-    // update measured.
+    // A profiled one-rank step, class by class, on every core and with the one thread of a rank of the
+    // two-rank plans (where the cores are two or more): every class priced and booked, the GEMMs and
+    // the update measured.
     let classes = v["classes"].as_array().expect("classes");
-    let names: Vec<&str> = classes.iter().filter_map(|c| c["class"].as_str()).collect();
-    assert_eq!(names, ["linear", "experts", "attention", "layer", "cross_entropy", "optimizer"], "{v}");
+    let mut counts = vec![cores];
+    if cores >= 2 {
+        counts.push(cores / 2);
+    }
+    for t in counts {
+        let names: Vec<&str> =
+            classes.iter().filter(|c| c["threads"].as_u64() == Some(t)).filter_map(|c| c["class"].as_str()).collect();
+        assert_eq!(names, ["linear", "experts", "attention", "layer", "cross_entropy", "optimizer"], "{t}: {v}");
+    }
     for c in classes {
         for k in ["predicted_s", "measured_s"] {
             assert!(c[k].as_f64().is_some_and(|x| x.is_finite() && x >= 0.0), "{k}: {c}");
         }
     }
     assert!(classes.iter().all(|c| c["class"] != "linear" || c["measured_s"].as_f64() > Some(0.0)), "{v}");
-    assert!(text.contains("one rank's step by class"), "{text}");
+    assert!(text.contains(&format!("one rank of {cores} thread(s): step by class")), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::error::{CalibrateError, Result};
-use super::workers::{Workers, trainer_args};
+use super::workers::{Job, Workers, trainer_args};
 use crate::layout::{Recompute, Schedule, TrainConfig};
 use crate::model::resolve_model;
 use crate::planner::{PlanCandidate, PlanRequest, plan};
@@ -68,9 +68,10 @@ pub struct Validation {
     pub rank_correlation: f64,
     /// CPU time other guests of the host took during the runs ([`super::steal`]); `None` off Linux.
     pub steal_share: Option<f64>,
-    /// Where one rank's step goes, class by class: a profiled run of the first choice's micro-batch on
-    /// one rank holding the whole model, priced with the step costs of a rank on every core (empty
-    /// where the platform has no step costs or that run failed).
+    /// Where one rank's step goes, class by class: profiled runs of the first choice's micro-batch on
+    /// one rank holding the whole model, on every core and (a CPU platform's) with the threads of a
+    /// rank of the checked runs, each priced with the step costs of its thread count (empty where the
+    /// platform has no step costs or the runs failed).
     pub classes: Vec<ClassCheck>,
 }
 
@@ -78,6 +79,9 @@ pub struct Validation {
 /// runtime booked to it.
 #[derive(Clone, Debug, Serialize)]
 pub struct ClassCheck {
+    /// Threads of the rank (absent: the trainer sized its pool itself).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u64>,
     pub class: WorkClass,
     pub predicted_s: f64,
     pub measured_s: f64,
@@ -134,8 +138,10 @@ pub fn validate(s: &ValidateSettings, platform: &Platform, say: &mut dyn FnMut(&
 }
 
 /// One rank holding the whole model trains `sequences` sequences a step with `--profile`; each class's
-/// booked seconds per step against what the platform's step costs price for that rank (all the node's
-/// cores). Nothing where the platform has no step costs.
+/// booked seconds per step against what the platform's step costs price for that rank. On a CPU
+/// platform, for a rank on every core and for a rank of the checked runs (its share of the cores, with
+/// `cores ÷ threads` copies at once, every core busy as the calibration measured it), where they
+/// differ. Nothing where the platform has no step costs.
 fn check_classes(
     s: &ValidateSettings,
     platform: &Platform,
@@ -143,36 +149,80 @@ fn check_classes(
     sequences: u64,
     say: &mut dyn FnMut(&str),
 ) -> Result<Vec<ClassCheck>> {
-    let seen = platform.for_node_ranks(1);
-    let Some(costs) = seen.step_costs else { return Ok(Vec::new()) };
-    say(&format!("profiled run: one rank, {sequences} sequence(s) a step"));
-    let summary = s.work.join("summary-classes.json");
-    let flags = [
-        ("--preset", s.model.clone()),
-        ("--batch-size", sequences.to_string()),
-        ("--seq-len", s.base.seq_len.to_string()),
-        ("--steps", s.steps.to_string()),
-        ("--warmup", "2".into()),
-        ("--migration", "off".into()),
-        ("--log-every", "0".into()),
-        ("--history", "off".into()),
-        ("--summary", summary.display().to_string()),
-    ];
-    let args = trainer_args(flags, &["--profile"]);
-    let what = "the profiled one-rank run".to_string();
-    super::workers::run_at_once(vec![w.under_mpirun(what, 1, &w.trainer, args)], &s.work)?;
-    let read = super::fit::RunSummary::read(&summary)?;
     let spec = resolve_model(&s.model)?;
     let cfg = TrainConfig { micro_batch_size: sequences, num_micro_batches: 1, ..s.base.clone() };
-    let work = crate::class_work::class_work(&spec, &seen, &cfg, 1)?;
-    costs
-        .class_seconds(&work)
-        .into_iter()
-        .map(|(class, predicted_s)| {
-            let measured_s = read.profile_seconds(|phase, op| WorkClass::of(phase, op) == Some(class))?;
-            Ok(ClassCheck { class, predicted_s, measured_s })
+    let mut checks = Vec::new();
+    for threads in checked_thread_counts(platform, s.gpus) {
+        let copies = match (threads, platform.cores_per_node) {
+            (Some(t), Some(cores)) => cores / t,
+            _ => 1,
+        };
+        let seen = platform.for_node_ranks(copies);
+        let Some(costs) = seen.step_costs else { return Ok(Vec::new()) };
+        let on = threads.map_or(String::new(), |t| format!(" of {t} thread(s), {copies} at once"));
+        say(&format!("profiled run: one rank{on}, {sequences} sequence(s) a step"));
+        let reads = profiled_copies(s, w, sequences, threads, copies)?;
+        let work = crate::class_work::class_work(&spec, &seen, &cfg, 1)?;
+        for (class, predicted_s) in costs.class_seconds(&work) {
+            let mut measured_s = 0.0;
+            for read in &reads {
+                measured_s += read.profile_seconds(|phase, op| WorkClass::of(phase, op) == Some(class))?;
+            }
+            checks.push(ClassCheck { threads, class, predicted_s, measured_s: measured_s / reads.len() as f64 });
+        }
+    }
+    Ok(checks)
+}
+
+/// The thread counts of the ranks [`check_classes`] profiles: every core, and a rank of `ranks` on a
+/// node, where the platform has thread counts; else one run of the trainer's own sizing (`None`).
+fn checked_thread_counts(platform: &Platform, ranks: u64) -> Vec<Option<u64>> {
+    let Some(cores) = platform.cores_per_node.filter(|_| !platform.threads.is_empty()) else { return vec![None] };
+    let node_ranks = ranks.min(platform.gpus_per_node);
+    let own = crate::platform::threads_per_rank(cores, node_ranks);
+    let mut counts = vec![Some(cores)];
+    if own != cores {
+        counts.push(Some(own));
+    }
+    counts
+}
+
+/// `copies` one-rank profiled runs at once, each of `threads` threads (`None`: the trainer's sizing
+/// under `mpirun`), and their summaries.
+fn profiled_copies(
+    s: &ValidateSettings,
+    w: &Workers,
+    sequences: u64,
+    threads: Option<u64>,
+    copies: u64,
+) -> Result<Vec<super::fit::RunSummary>> {
+    let summary = |copy: u64| s.work.join(format!("summary-classes-{}-{copy}.json", threads.unwrap_or(0)));
+    let jobs = (0..copies)
+        .map(|copy| {
+            let flags = [
+                ("--preset", s.model.clone()),
+                ("--batch-size", sequences.to_string()),
+                ("--seq-len", s.base.seq_len.to_string()),
+                ("--steps", s.steps.to_string()),
+                ("--warmup", "2".into()),
+                ("--migration", "off".into()),
+                ("--log-every", "0".into()),
+                ("--history", "off".into()),
+                ("--summary", summary(copy).display().to_string()),
+            ];
+            let args = trainer_args(flags, &["--profile"]);
+            let what = format!("the profiled one-rank run {}", copy + 1);
+            match threads {
+                Some(t) => {
+                    let env = vec![("RAYON_NUM_THREADS".to_string(), t.to_string())];
+                    Job { what, program: w.trainer.clone(), args, env }
+                }
+                None => w.under_mpirun(what, 1, &w.trainer, args),
+            }
         })
-        .collect()
+        .collect();
+    super::workers::run_at_once(jobs, &s.work)?;
+    (0..copies).map(|copy| super::fit::RunSummary::read(&summary(copy))).collect()
 }
 
 /// The best runnable plans (no recomputation, the runtime's dtype, flat all-to-all), one per layout,

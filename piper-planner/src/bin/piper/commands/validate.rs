@@ -111,23 +111,27 @@ pub fn run(a: Args) -> Result<String, CalibrateError> {
     ))
 }
 
-/// Where a profiled one-rank step goes, class by class: predicted / measured ms per step and the error.
+/// Where a profiled one-rank step goes, class by class, a line per thread count: predicted / measured
+/// ms per step and the error.
 fn classes(checks: &[piper_planner::calibrate::validate::ClassCheck]) -> String {
-    if checks.is_empty() {
-        return String::new();
-    }
-    let cells: Vec<String> = checks
-        .iter()
-        .map(|c| {
-            let error = 100.0 * (c.predicted_s / c.measured_s - 1.0);
-            let error = if error.is_finite() { format!("{error:+.0}%") } else { "n/a".into() };
-            let name =
-                serde_json::to_value(c.class).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
-            format!("{name} {:.1} / {:.1} ms ({error})", 1e3 * c.predicted_s, 1e3 * c.measured_s)
+    let mut counts: Vec<Option<u64>> = checks.iter().map(|c| c.threads).collect();
+    counts.dedup();
+    counts
+        .into_iter()
+        .map(|threads| {
+            let cells: Vec<String> = checks.iter().filter(|c| c.threads == threads).map(class_cell).collect();
+            let rank = threads.map_or("one rank".to_string(), |t| format!("one rank of {t} thread(s)"));
+            format!(
+                "{rank}: step by class, predicted / measured (profiled, the first choice's micro-batch): {}\n",
+                cells.join(", ")
+            )
         })
-        .collect();
-    format!(
-        "one rank's step by class, predicted / measured (profiled, the first choice's micro-batch): {}\n",
-        cells.join(", ")
-    )
+        .collect()
+}
+
+fn class_cell(c: &piper_planner::calibrate::validate::ClassCheck) -> String {
+    let error = 100.0 * (c.predicted_s / c.measured_s - 1.0);
+    let error = if error.is_finite() { format!("{error:+.0}%") } else { "n/a".into() };
+    let name = serde_json::to_value(c.class).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default();
+    format!("{name} {:.1} / {:.1} ms ({error})", 1e3 * c.predicted_s, 1e3 * c.measured_s)
 }
