@@ -415,13 +415,16 @@ fn rotary_case(device: &Device, [b, s, h, k]: [usize; 4]) {
     close("rotary grad x", &fast.1, &reference.1);
 }
 
-fn cross_entropy_case(device: &Device, n: usize, v: usize) {
+/// `computed`: the logits are an op's output the backward alone holds (as a model's head gives them,
+/// which Flex's backward overwrites in place), else the leaf itself (held by the caller too).
+fn cross_entropy_case(device: &Device, n: usize, v: usize, computed: bool) {
     let (logits, probe) = (random([n, v], 3.0, 51), random([n], 1.0, 52));
     let targets = TensorData::new((0..n).map(|i| ((i * 7919) % v) as i64).collect::<Vec<_>>(), [n]);
     let run = |dev: &Device, fast: bool| {
         let l = Tensor::<2>::from_data(logits.clone(), dev).require_grad();
         let t = Tensor::<1, Int>::from_data(targets.clone(), dev);
-        let loss = if fast { cross_entropy(l.clone(), t) } else { cross_entropy_reference(l.clone(), t) };
+        let x = if computed { l.clone() * 2.0 } else { l.clone() };
+        let loss = if fast { cross_entropy(x, t) } else { cross_entropy_reference(x, t) };
         let grads = (loss.clone() * Tensor::from_data(probe.clone(), dev)).sum().backward();
         (values(loss), values(l.grad(&grads).unwrap()))
     };
@@ -509,8 +512,10 @@ fn all_cases(device: &Device) {
     concat_heads_case(device, [2, 19, 3, 5, 1, 4]);
     concat_heads_case(device, [1, 7, 4, 6, 4, 2]);
     rotary_case(device, [2, 7, 3, 8]);
-    cross_entropy_case(device, 13, 37);
-    cross_entropy_case(device, 3, 1000);
+    for computed in [false, true] {
+        cross_entropy_case(device, 13, 37, computed);
+        cross_entropy_case(device, 3, 1000, computed);
+    }
     swiglu_case(device, 6, 37);
     swiglu_down_case(device, [2, 5, 12, 7], false);
     permute_combine_case(device, 9, 2, 5);
