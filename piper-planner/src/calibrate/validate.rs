@@ -141,7 +141,7 @@ pub fn validate(s: &ValidateSettings, platform: &Platform, say: &mut dyn FnMut(&
 /// booked seconds per step against what the platform's step costs price for that rank. On a CPU
 /// platform, for a rank on every core and for a rank of the checked runs (its share of the cores, with
 /// `cores ÷ threads` copies at once, every core busy as the calibration measured it), where they
-/// differ. Nothing where the platform has no step costs.
+/// differ. Nothing for a thread count without step costs.
 fn check_classes(
     s: &ValidateSettings,
     platform: &Platform,
@@ -158,7 +158,7 @@ fn check_classes(
             _ => 1,
         };
         let seen = platform.for_node_ranks(copies);
-        let Some(costs) = seen.step_costs else { return Ok(Vec::new()) };
+        let Some(costs) = seen.step_costs else { continue };
         let on = threads.map_or(String::new(), |t| format!(" of {t} thread(s), {copies} at once"));
         say(&format!("profiled run: one rank{on}, {sequences} sequence(s) a step"));
         let reads = profiled_copies(s, w, sequences, threads, copies)?;
