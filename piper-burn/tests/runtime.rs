@@ -306,6 +306,7 @@ mod expert_parallel_block {
 
     use burn::module::Param;
     use burn::tensor::Distribution;
+    use piper_burn::model::stage_model::draw_now;
     use piper_burn::moe::MoeBlockConfig;
     use piper_burn::moe::dispatcher::exchange::ExchangeGroup;
     use piper_burn::moe::dispatcher::{AllToAllDispatcher, ExpertPlacement, SharedComm};
@@ -346,9 +347,9 @@ mod expert_parallel_block {
                     let _one = piper_burn::init_lock();
                     device.seed(1);
                     let block = config.init(&device);
-                    let _ =
-                        (block.experts.w_gate_edf.val(), block.experts.w_up_edf.val(), block.experts.w_down_efd.val());
-                    let _ = block.router.gate.weight.val();
+                    // Every weight now, the shared expert's too: a lazy one drawn later by one rank
+                    // would take numbers from the other rank's draw under the lock.
+                    draw_now(&block);
                     block
                 };
                 if zero_router {
