@@ -140,13 +140,14 @@ pub struct Measured {
 }
 
 /// Efficiency (of `peak_flops`) of a linear layer `[m × k] · [k × n]`, forward + backward (6·m·n·k
-/// FLOPs: the output, and the gradients of the input and the weight), through autodiff.
+/// FLOPs: the output, and the gradients of the input and the weight), through autodiff: the runtime's
+/// own op ([`kernels_cubecl::linear`], what the projections and the LM head run), not Burn's matmul.
 fn linear_efficiency(device: &Device, m: usize, n: usize, k: usize, peak_flops: f64) -> f64 {
     let x = leaf(m, k, device);
     let w = leaf(k, n, device);
     let reps = reps_for(6.0 * (m * n * k) as f64);
     let t = median_of(reps, || {
-        let grads = x.clone().matmul(w.clone()).sum().backward();
+        let grads = kernels_cubecl::linear(x.clone(), w.clone(), None).sum().backward();
         std::hint::black_box((x.grad(&grads).map(|g| g.into_data()), w.grad(&grads).map(|g| g.into_data())));
     });
     (6.0 * (m * n * k) as f64 / t / peak_flops).clamp(1e-6, 1.0)
