@@ -5,7 +5,8 @@
 # interleaved (every layout once per round); each layout's median step time and median of its ranks'
 # largest peak RSS (its --summary), each with its spread over the rounds, is set against `piper predict`
 # on ONE calibrated platform (`piper calibrate`, run first unless the file exists), whatever the rank
-# count. Per rank count it also reports the planner's regret
+# count; the rows also keep the median of the ranks' largest heap peak (`peak_heap_bytes`, where the
+# trainer's allocator counts it) with its spread. Per rank count it also reports the planner's regret
 # (measured time of the layout the model ranks first ÷ the fastest measured) and the rank correlation.
 # Writes OUT.jsonl, OUT.json and OUT.png (OUT defaults to benchmarks/results/accuracy). REPRICE=1 runs
 # nothing: it prices the measurements already in OUT.jsonl again with this piper (after a change to the
@@ -97,6 +98,7 @@ if sys.argv[4] == "--measured":
         sys.exit(f"error: {sys.argv[5]} has no measurement of {key}; run without REPRICE")
     measured_t, measured_m = row["step_time_s"]["measured"], row["peak_memory_bytes"]["measured"]
     repeats, spread, memory_spread = row["repeats"], row["step_time_spread"], row.get("peak_memory_spread")
+    heap = {k: row[k] for k in ("peak_heap_bytes",) if k in row}
 else:
     summaries = [json.load(open(p)) for p in sys.argv[4:]]
     times = [s["step_time_median_s"] for s in summaries]
@@ -104,6 +106,10 @@ else:
     measured_t, measured_m = statistics.median(times), statistics.median(mems)
     repeats, spread = len(summaries), (max(times) - min(times)) / measured_t
     memory_spread = (max(mems) - min(mems)) / measured_m
+    # The heap's peak (largest rank), where the trainer's allocator counts it.
+    heaps = [max(s["peak_heap_bytes"]) for s in summaries if s.get("peak_heap_bytes")]
+    heap = {} if len(heaps) < len(summaries) or min(heaps) <= 0 else {"peak_heap_bytes": {
+        "measured": statistics.median(heaps), "spread": (max(heaps) - min(heaps)) / statistics.median(heaps)}}
 # Rows measured before the memory spread was kept have none.
 noise = {} if memory_spread is None else {"peak_memory_spread": memory_spread}
 print(json.dumps({
@@ -112,6 +118,7 @@ print(json.dumps({
                     "error": predict["step_time_s"] / measured_t - 1},
     "peak_memory_bytes": {"predicted": predict["peak_memory_bytes"], "measured": measured_m,
                           "error": predict["peak_memory_bytes"] / measured_m - 1},
+    **heap,
 }))
 PY
         tail -n 1 "$out" | "$python" -c 'import json,sys; d=json.loads(sys.stdin.read()); t,m=d["step_time_s"],d["peak_memory_bytes"]; print("%-16s R=%d PP=%d EP=%d DP=%d M=%d %-5s step %7.1f ms (spread %4.1f%%) predicted %7.1f (%+5.1f%%)  memory %6.1f MiB (spread %5s) predicted %6.1f (%+5.1f%%)" % (d["model"], d["ranks"], d["pp"], d["ep"], d["dp"], d["micro_batches"], d["schedule"], 1e3*t["measured"], 100*d["step_time_spread"], 1e3*t["predicted"], 100*t["error"], m["measured"]/2**20, "%4.1f%%" % (100*d["peak_memory_spread"]) if "peak_memory_spread" in d else "n/a", m["predicted"]/2**20, 100*m["error"]))' >&2

@@ -107,6 +107,10 @@ fn a_plan_file_from_piper_plan_drives_a_four_rank_run() {
     assert_eq!(s["micro_batches"].as_u64(), Some(m as u64));
     assert_eq!(s["steps"].as_u64(), Some(20));
     assert_eq!(s["peak_rss_bytes"].as_array().map(Vec::len), Some(4));
+    // Every rank's heap peak, each under its own peak RSS.
+    let heap: Vec<u64> = serde_json::from_value(s["peak_heap_bytes"].clone()).unwrap();
+    let rss: Vec<u64> = serde_json::from_value(s["peak_rss_bytes"].clone()).unwrap();
+    assert!(heap.len() == 4 && heap.iter().zip(&rss).all(|(h, r)| *h > 0 && h <= r), "{heap:?} {rss:?}");
     assert_eq!(s["predicted"], written["predicted"]);
     for field in ["step_time_median_s", "tokens_per_s", "mfu", "bubble_measured", "final_loss"] {
         assert!(s[field].as_f64().is_some_and(|v| v.is_finite() && v >= 0.0), "{field}: {}", s[field]);

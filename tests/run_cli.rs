@@ -300,6 +300,13 @@ fn evaluations_reach_the_output_the_metrics_and_the_summary() {
     let typed: piper::modules::runtime::report::RunSummary =
         serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
     assert_eq!((typed.steps, typed.eval_loss), (20, Some(evals[1].1)));
+    // The trainer's allocator counts its heap: at the peak it held at least the weights and AdamW's two
+    // moments (12 bytes per parameter of the `tiny` model), and never more than the process's peak RSS.
+    let spec = piper::planner::model::resolve_model("tiny").unwrap();
+    let params = piper::planner::model::counts::param_breakdown(&spec).total() as f64;
+    let (heap, rss) = (typed.peak_heap_bytes[0] as f64, typed.peak_rss_bytes[0] as f64);
+    assert!(heap >= 12.0 * params && heap <= rss, "heap {heap}, RSS {rss}, {params} parameters");
+    assert!(out.contains("; heap peak "), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -13,6 +13,7 @@ use piper_comm::collectives::all_gather;
 use super::error::{Result, RuntimeError};
 use super::fault::StepFault;
 use super::fingerprint::check_ranks_agree;
+use super::heap;
 use super::host::peak_rss_bytes;
 use super::job::{Job, Trained};
 use super::profile::{self, StepProfile};
@@ -130,12 +131,16 @@ fn run_steps<M: StageModel>(
 
 /// Every rank's peak memory, this rank's profile, and what the run leaves.
 fn finish<M: StageModel>(job: &Job, rank: RankRun<M>, steps: Steps, resume_seconds: Option<f64>) -> Result<Trained<M>> {
-    let rss = all_gather(job.world, &[peak_rss_bytes()], "peak memory gather")?.into_iter().map(|v| v[0]).collect();
+    let peaks = all_gather(job.world, &[peak_rss_bytes(), heap::peak_heap_bytes().unwrap_or(0)], "peak memory gather")?;
+    let rss = peaks.iter().map(|v| v[0]).collect();
+    // Every rank runs the same binary: its allocator counts on all of them or on none.
+    let heap = if heap::peak_heap_bytes().is_some() { peaks.iter().map(|v| v[1]).collect() } else { Vec::new() };
     let profile = profile::enabled().then(|| StepProfile::collect(steps.profiled_steps, steps.profiled_seconds));
     Ok(Trained {
         model: rank.stage.model,
         metrics: steps.metrics,
         peak_rss_bytes: rss,
+        peak_heap_bytes: heap,
         placements: rank.placements,
         resume_seconds,
         profile,

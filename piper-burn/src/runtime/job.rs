@@ -56,6 +56,8 @@ pub struct Trained<M = CausalLm> {
     pub model: M,
     pub metrics: Vec<StepMetrics>,
     pub peak_rss_bytes: Vec<u64>,
+    /// Each rank's heap peak, where the allocator counts it ([`super::heap`]); empty otherwise.
+    pub peak_heap_bytes: Vec<u64>,
     /// Expert placement per MoE layer of the whole model.
     pub placements: Vec<ExpertPlacement>,
     /// Seconds this rank took to load its part of the resumed checkpoint.
@@ -73,6 +75,7 @@ impl<M> Trained<M> {
         let mut summary = RunSummary::new(plan, &self.metrics, &self.peak_rss_bytes, placements, flops_per_token);
         summary.profile = self.profile.as_ref().map(StepProfile::per_step).unwrap_or_default();
         summary.steal_share = self.steal_share;
+        summary.peak_heap_bytes.clone_from(&self.peak_heap_bytes);
         summary
     }
 }

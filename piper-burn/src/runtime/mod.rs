@@ -26,6 +26,7 @@ pub mod executor;
 pub mod fault;
 pub mod fingerprint;
 pub mod grads;
+pub mod heap;
 pub mod host;
 pub mod job;
 pub mod job_builder;

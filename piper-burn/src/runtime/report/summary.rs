@@ -36,6 +36,10 @@ pub struct RunSummary {
     /// Against the peak measured on this machine at start-up.
     pub mfu_measured_peak: f64,
     pub peak_rss_bytes: Vec<u64>,
+    /// Each rank's peak of the bytes its heap held for the program (tensors and buffers), where its
+    /// allocator counts them (`piper::alloc`); the peak RSS adds what the allocator keeps beside them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peak_heap_bytes: Vec<u64>,
     pub bubble_measured: Option<f64>,
     pub predicted: Predicted,
     pub predicted_peak_memory_bytes: f64,
@@ -103,6 +107,7 @@ impl RunSummary {
             mfu: tokens_per_s * flops_per_token / (plan.gpus as f64 * platform_peak),
             mfu_measured_peak: median(steady.iter().map(|m| m.mfu).collect()),
             peak_rss_bytes: peak_rss_bytes.to_vec(),
+            peak_heap_bytes: Vec::new(),
             migrations: metrics.iter().map(|m| m.migration.len()).sum(),
             migration_seconds,
             migration_share: if run_seconds > 0.0 { migration_seconds / run_seconds } else { 0.0 },
@@ -131,6 +136,10 @@ impl RunSummary {
         let gib = |b: f64| b / (1u64 << 30) as f64;
         let p = &self.predicted;
         let rss = self.peak_rss_bytes.iter().copied().max().unwrap_or(0) as f64;
+        let heap = match self.peak_heap_bytes.iter().copied().max() {
+            Some(b) => format!("; heap peak {:.3} GiB", gib(b as f64)),
+            None => String::new(),
+        };
         let mut lines = vec![
             format!(
                 "plan vs measured ({} platform): step {:.2} ms predicted, {:.2} ms measured ({:+.0}%); {:.0} tokens/s predicted, {:.0} measured ({:+.0}%)",
@@ -143,7 +152,7 @@ impl RunSummary {
                 err(self.tokens_per_s, p.tokens_per_s)
             ),
             format!(
-                "memory per rank: {:.3} GiB predicted (incl. the platform's framework overhead), {:.3} GiB peak RSS measured (largest rank, {:+.0}%)",
+                "memory per rank: {:.3} GiB predicted (incl. the platform's framework overhead), {:.3} GiB peak RSS measured (largest rank, {:+.0}%){heap}",
                 gib(self.predicted_peak_memory_bytes),
                 gib(rss),
                 err(rss, self.predicted_peak_memory_bytes)
